@@ -1,0 +1,36 @@
+"""Hydra/OmegaConf glue: the config directory, custom resolvers, and composing configs in code."""
+
+import math
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_MODULE = "pkg://ttt_bench.conf"
+
+
+def _steps(total_tokens, tokens_per_batch) -> int:
+    """Optimizer steps for a token budget: ceil(total / per batch)."""
+    return max(1, math.ceil(int(total_tokens) / int(tokens_per_batch)))
+
+
+def register_resolvers() -> None:
+    for name, fn in {
+        "ttt.steps": _steps,
+        "ttt.repo_root": lambda: str(REPO_ROOT),
+        "ttt.mul": lambda a, b: a * b,
+    }.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
+
+
+register_resolvers()
+
+
+def compose(config_name: str = "train", overrides: list[str] | None = None) -> DictConfig:
+    """Compose a config in code (tests, notebooks), as the CLI would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module("ttt_bench.conf", version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=False)
