@@ -1,5 +1,6 @@
 """Hydra/OmegaConf glue: the config directory, custom resolvers, and composing configs in code."""
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -14,8 +15,20 @@ def _steps(total_tokens, tokens_per_batch) -> int:
     return max(1, math.ceil(int(total_tokens) / int(tokens_per_batch)))
 
 
+def _slug(overrides: str) -> str:
+    """A folder name for a list of overrides: readable when short, hashed when long."""
+    if not overrides:
+        return "default"
+    # no '=' or ',' in folder names: they would need quoting in a later `ckpt_path=` override
+    safe = "".join(c if c.isalnum() or c in ".-_+" else "_" for c in overrides.replace("=", "-").replace(",", "__"))
+    if len(safe) <= 120:
+        return safe
+    return safe[:100] + "-" + hashlib.sha256(overrides.encode()).hexdigest()[:12]
+
+
 def register_resolvers() -> None:
     for name, fn in {
+        "ttt.slug": _slug,
         "ttt.steps": _steps,
         "ttt.repo_root": lambda: str(REPO_ROOT),
         "ttt.mul": lambda a, b: a * b,

@@ -34,17 +34,23 @@ class PackedSequences(Dataset):
 
 class EpochShuffleSampler(Sampler[int]):
     """Endless stream of per-epoch permutations, a pure function of (seed, position): training can
-    resume at any sample with `start` and sees exactly the data an uninterrupted run would."""
+    resume at any sample with `start` and sees exactly the data an uninterrupted run would.
+    With several processes, rank r takes every world_size-th sample of the one global stream."""
 
-    def __init__(self, n: int, seed: int, start: int = 0):
-        self.n, self.seed, self.start = n, seed, start
+    def __init__(self, n: int, seed: int, start: int = 0, rank: int = 0, world_size: int = 1):
+        self.n, self.seed, self.start, self.rank, self.world_size = n, seed, start, rank, world_size
 
-    def __iter__(self):
+    def _stream(self):
         epoch, offset = divmod(self.start, self.n)
         while True:
             perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
             yield from perm[offset:].tolist()
             epoch, offset = epoch + 1, 0
+
+    def __iter__(self):
+        for i, index in enumerate(self._stream()):
+            if i % self.world_size == self.rank:
+                yield index
 
 
 class LMDataModule(L.LightningDataModule):
@@ -61,7 +67,7 @@ class LMDataModule(L.LightningDataModule):
         self.tokenizer = None
         self.tokens: dict[str, np.ndarray] = {}
         self.meta: dict[str, dict] = {}
-        self.start_sample = 0  # first training sample to draw (set when resuming)
+        self.samples_per_step = 0  # sequences per optimizer step (all ranks); set by the trainer set-up
 
     # -- preparation ------------------------------------------------------------------------------
     def build_tokenizer(self):
@@ -107,7 +113,11 @@ class LMDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         ds = self.train_dataset()
-        return DataLoader(ds, batch_size=self.micro_batch_size, sampler=EpochShuffleSampler(len(ds), self.seed, self.start_sample))
+        trainer = self.trainer
+        # On resume Lightning restores global_step before building loaders: continue the stream there.
+        start = trainer.global_step * self.samples_per_step if trainer is not None else 0
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return DataLoader(ds, batch_size=self.micro_batch_size, sampler=EpochShuffleSampler(len(ds), self.seed, start, rank, world))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset(), batch_size=self.micro_batch_size, shuffle=False)

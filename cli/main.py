@@ -1,0 +1,124 @@
+"""The `ttt-bench` command. Entry points stay thin: each subcommand parses its arguments and calls
+the library. `train` and `eval` are Hydra apps (overrides, --multirun, --cfg job, --help)."""
+
+import argparse
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+from ttt_bench.errors import UserError
+
+SUBCOMMANDS = {
+    "train": "train a model: ttt-bench train model=ttt_linear size=s data=synthetic",
+    "eval": "evaluate a checkpoint: ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt",
+    "generate": "sample text from a checkpoint: ttt-bench generate CKPT --prompt 'Once'",
+    "ablate": "run a sweep into a results registry: ttt-bench ablate table1",
+    "plot": "draw a paper figure from a registry: ttt-bench plot scaling",
+    "bench": "measure speed: ttt-bench bench models",
+}
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"ttt-bench: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def one_line(e: BaseException) -> str:
+    """The most specific line of an exception (Hydra wraps instantiation errors in several lines)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("full_key")]
+    return lines[-1] if lines else type(e).__name__
+
+
+def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import InstantiationException
+    from omegaconf.errors import OmegaConfBaseException
+
+    import ttt_bench.config  # noqa: F401  (registers resolvers)
+
+    def app(cfg):
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            return task(cfg, run_dir)
+        except (UserError, InstantiationException, OmegaConfBaseException, ValueError) as e:
+            if not any(run_dir.glob("checkpoints/*.ckpt")):  # never leave a half-written run folder
+                shutil.rmtree(run_dir, ignore_errors=True)
+            fail(one_line(e))
+
+    sys.argv = [f"ttt-bench {command}", *args]
+    hydra.main(config_path="pkg://ttt_bench.conf", config_name=config_name, version_base="1.3")(app)()
+
+
+def cmd_train(args: list[str]) -> None:
+    from ttt_bench.training.train import train
+
+    run_hydra_app("train", "train", train, args)
+
+
+def cmd_eval(args: list[str]) -> None:
+    from ttt_bench.training.eval_run import run_eval
+
+    run_hydra_app("eval", "eval", run_eval, args)
+
+
+def cmd_generate(args: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="ttt-bench generate", description="Sample text from a trained checkpoint, "
+                                "prefilling the prompt and decoding with the model's own cache.")
+    p.add_argument("ckpt", help="checkpoint (.ckpt) written by ttt-bench train")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy decoding")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    a = p.parse_args(args)
+    if not a.prompt:
+        fail("--prompt is empty; give some text to continue, e.g. --prompt 'The'")
+    if a.max_new_tokens < 1 or a.top_k < 0:
+        fail("--max-new-tokens must be >= 1 and --top-k >= 0")
+    from ttt_bench.generate import sample
+    from ttt_bench.training.checkpoint import load_checkpoint
+
+    module, tok = load_checkpoint(a.ckpt, map_location=a.device)
+    ids = tok.encode(a.prompt).tolist()
+    out = sample(module.model, ids, a.max_new_tokens, a.temperature, a.top_k or None, tok.eos_id, a.seed)
+    print(a.prompt + tok.decode(out))
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
+# ablate, plot and bench live in their own modules: cli/<name>.py with run(args: list[str]).
+MODULE_COMMANDS = ("ablate", "plot", "bench")
+
+
+def dispatch(command: str, args: list[str]) -> None:
+    if command in COMMANDS:
+        return COMMANDS[command](args)
+    import importlib
+
+    importlib.import_module(f"ttt_bench.cli.{command}").run(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    warnings.filterwarnings("ignore", message=".*(LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec).*")
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: ttt-bench {" + ",".join(SUBCOMMANDS) + "} ...\n\nsubcommands (each has --help):")
+        for name, text in SUBCOMMANDS.items():
+            print(f"  {name:9s} {text}")
+        sys.exit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    if command not in SUBCOMMANDS:
+        import difflib
+
+        hint = difflib.get_close_matches(command, SUBCOMMANDS, n=1)
+        fail(f"unknown subcommand '{command}'" + (f"; did you mean '{hint[0]}'?" if hint else f"; use one of {', '.join(SUBCOMMANDS)}"))
+    try:
+        dispatch(command, rest)
+    except UserError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Mamba LM: config, sizes, mamba-ssm parameter layout and init, backends, decoding with a cache."""
+
+import copy
+import logging
+
+import hydra
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ttt_bench.config import compose
+from ttt_bench.errors import UserError
+from ttt_bench.models import LanguageModel
+from ttt_bench.models.mamba import Mamba, MambaBlock, block
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: intra-op threads only add synchronisation (very slow on a busy 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _lm(d_model=32, n_layers=2, vocab=61, **kw):
+    factory = lambda layer_idx: MambaBlock(layer_idx, d_model, **kw)
+    return LanguageModel(vocab, d_model, n_layers, factory)
+
+
+@pytest.mark.parametrize("size,nominal", [("125m", 130e6), ("350m", 370e6), ("760m", 790e6), ("1.3b", 1.4e9)])
+def test_paper_sizes(size, nominal):
+    cfg = compose("train", ["model=mamba", f"size={size}"])
+    assert cfg.model.n_layers == 2 * compose("train", [f"size={size}"]).size.n_layers
+    with torch.device("meta"):
+        model = hydra.utils.instantiate(cfg.model, vocab_size=50277)
+    assert abs(model.num_params(non_embedding=False) / nominal - 1) < 0.1
+
+
+def test_parameter_names_and_shapes_match_mamba_ssm():
+    d, di, n, r = 48, 96, 16, 3  # dt_rank = ceil(48 / 16)
+    shapes = {k: tuple(v.shape) for k, v in Mamba(d).state_dict().items()}
+    assert shapes == {"in_proj.weight": (2 * di, d), "conv1d.weight": (di, 1, 4), "conv1d.bias": (di,),
+                      "x_proj.weight": (r + 2 * n, di), "dt_proj.weight": (di, r), "dt_proj.bias": (di,),
+                      "A_log": (di, n), "D": (di,), "out_proj.weight": (d, di)}
+    lm_keys = {k.removeprefix("blocks.0.mixer.") for k in _lm(d, 1).state_dict() if ".mixer." in k}
+    assert lm_keys == set(shapes)
+
+
+def test_init_as_mamba_ssm_after_lm_init():
+    torch.manual_seed(0)
+    mixer = _lm(64, 2).blocks[1].mixer
+    torch.testing.assert_close(mixer.A_log, torch.log(torch.arange(1.0, 17.0)).expand(128, 16))
+    assert (mixer.D == 1).all()
+    dt = F.softplus(mixer.dt_proj.bias)
+    assert dt.min() >= 1e-3 * 0.999 and dt.max() <= 0.1 * 1.001
+    assert mixer.dt_proj.weight.abs().max() <= 4**-0.5
+
+
+def test_decoding_matches_full_forward():
+    torch.manual_seed(0)
+    model = _lm(n_layers=3, chunk_size=4).double().eval()
+    ids = torch.randint(0, 61, (2, 13))
+    with torch.no_grad():
+        full = model(ids)
+        caches = model.init_caches(2)
+        pieces = [model(ids[:, :5], caches)]  # prefill, then single tokens, then a few at once
+        pieces += [model(ids[:, t:t + 1], caches) for t in range(5, 9)]
+        pieces.append(model(ids[:, 9:], caches))
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-9, atol=1e-9)
+
+
+def test_a_few_steps_reduce_the_loss():
+    torch.manual_seed(0)
+    model = _lm(n_layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 61, (4, 32))
+    losses = []
+    for _ in range(15):
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.3
+
+
+def test_backend_selection(caplog, monkeypatch):
+    with pytest.raises(UserError, match="backend"):
+        Mamba(16, backend="triton")
+    monkeypatch.setattr(block, "cuda_kernels", lambda: None)
+    with pytest.raises(UserError, match=r"pip install -e '\.\[cuda\]'"):
+        Mamba(16, backend="cuda")
+    monkeypatch.setattr(block, "_logged_backends", set())
+    with caplog.at_level(logging.INFO, logger=block.__name__):
+        Mamba(16)(torch.randn(1, 3, 16))
+    assert "torch" in caplog.text
+
+
+def _cuda_reason():
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if block.cuda_kernels() is None:
+        return "needs mamba-ssm and causal-conv1d (pip install -e '.[cuda]')"
+    return ""
+
+
+@pytest.mark.skipif(bool(_cuda_reason()), reason=_cuda_reason() or "runs")
+def test_cuda_kernels_match_torch_path():
+    torch.manual_seed(0)
+    ref = _lm(64, 2, backend="torch").cuda()
+    fast = copy.deepcopy(ref)
+    for b in fast.blocks:
+        b.mixer.backend = "cuda"
+    ids = torch.randint(0, 61, (2, 300), device="cuda")
+    out_ref, out_fast = ref(ids), fast(ids)
+    torch.testing.assert_close(out_fast, out_ref, rtol=1e-3, atol=1e-3)
+    out_ref.square().mean().backward()
+    out_fast.square().mean().backward()
+    for (name, p), q in zip(ref.named_parameters(), fast.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-2, atol=1e-4, msg=name)

@@ -1,0 +1,181 @@
+"""TTT inner loop: primal form == dual form == the naive per-token loop, checkpointing, Theorems 1 and 2."""
+
+import ctypes
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ttt_bench.models.linear_attention import causal_linear_attention
+from ttt_bench.models.ttt import TTTLayer, ttt_linear_dual
+from ttt_bench.models.ttt.learner import nadaraya_watson
+from ttt_bench.models.ttt.reference import naive_ttt
+
+torch.set_default_dtype(torch.float64)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+def perturb(module: torch.nn.Module, std: float = 0.1) -> None:
+    """Move every parameter off its init (LN weights, biases, offsets) so that each one is tested."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(std * torch.randn_like(p))
+
+
+def random_layers(n: int, seed: int):
+    rng = random.Random(seed)
+    for _ in range(n):
+        kw = dict(learner=rng.choice(["linear", "mlp"]), ln_residual=rng.random() < 0.5, mini_batch_size=rng.randint(1, 5),
+                  inner_bias=rng.random() < 0.8, learnable_lr=rng.random() < 0.8,
+                  token_scaling=rng.choice(["none", "fixed", "learnable"]), share_qk=rng.random() < 0.5)
+        H, f = rng.randint(1, 2), rng.choice([2, 4])
+        yield kw, H, f, rng.randint(1, 2), rng.randint(1, 13)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_primal_equals_dual_outputs_and_gradients(seed):
+    for kw, H, f, B, T in random_layers(3, seed):
+        torch.manual_seed(seed)
+        dual = TTTLayer(H * f, H, form="dual", use_gate=kw["share_qk"], **kw)
+        perturb(dual)
+        primal = TTTLayer(H * f, H, form="primal", use_gate=kw["share_qk"], **kw)
+        primal.load_state_dict(dual.state_dict())
+        x = torch.randn(B, T, H * f, requires_grad=True)
+        outs, grads = [], []
+        for layer in (dual, primal):
+            y = layer(x)
+            g = torch.autograd.grad((y * torch.cos(y)).sum(), [x, *layer.parameters()])
+            outs.append(y)
+            grads.append(g)
+        assert rel_err(outs[0], outs[1]) <= 1e-5, (kw, T)
+        for name, a, b in zip(["x"] + [n for n, _ in dual.named_parameters()], *grads):
+            assert rel_err(a, b) <= 1e-5, (name, kw, T)
+
+
+@pytest.mark.parametrize("learner", ["linear", "mlp"])
+@pytest.mark.parametrize("ln_residual", [True, False])
+@pytest.mark.parametrize("mini_batch_size,T", [(1, 7), (4, 11), (16, 16)])  # online GD, mini-batch GD, batch GD
+def test_dual_equals_naive_per_token_loop(learner, ln_residual, mini_batch_size, T):
+    torch.manual_seed(0)
+    H, f, B = 2, 4, 2
+    layer = TTTLayer(H * f, H, learner=learner, ln_residual=ln_residual, mini_batch_size=mini_batch_size)
+    perturb(layer)
+    xq, xk, xv = (torch.randn(B, H, T, f) for _ in range(3))
+    lr = layer.inner_lr(torch.randn(B, T, H * f))
+    z = layer._ttt(xq, xk, xv, lr, None)
+    z_ref = naive_ttt(layer.initial_params(B), xq, xk, xv, lr, layer.token_eta(0, mini_batch_size),
+                      mini_batch_size, layer.ln())
+    assert rel_err(z, z_ref) <= 1e-10
+    params = [p for n, p in layer.named_parameters() if not n.startswith(("q_proj", "k_proj", "v_proj", "o_proj", "post"))]
+    params.append(lr)
+    g = torch.autograd.grad(z.square().sum(), params, retain_graph=True)
+    g_ref = torch.autograd.grad(z_ref.square().sum(), params)
+    for a, b in zip(g, g_ref):
+        assert rel_err(a, b) <= 1e-8
+
+
+def test_ttt_linear_dual_signature_and_shapes():
+    B, H, N, b, f = 2, 3, 4, 5, 6
+    XQ, XK, XV = (torch.randn(B, H, N, b, f) for _ in range(3))
+    eta = torch.rand(B, H, N, b, b)
+    W, bias = torch.randn(B, H, f, f) * 0.1, torch.zeros(B, H, 1, f)
+    Z, W_last, b_last = ttt_linear_dual(XQ, XK, XV, eta, W, bias, torch.ones(H, 1, f), torch.zeros(H, 1, f))
+    assert Z.shape == (B, H, N, b, f) and W_last.shape == W.shape and b_last.shape == bias.shape
+    Z2, W2, _ = ttt_linear_dual(XQ, XK, XV, eta, W, bias, None, None)  # plain linear learner
+    assert Z2.shape == Z.shape and not torch.allclose(Z, Z2)
+
+
+def test_gradient_checkpointing_through_time_same_gradients():
+    torch.manual_seed(0)
+    for learner in ("linear", "mlp"):
+        a = TTTLayer(8, 2, learner=learner, mini_batch_size=2)
+        b = TTTLayer(8, 2, learner=learner, mini_batch_size=2, checkpoint_every=3)
+        b.load_state_dict(a.state_dict())
+        x = torch.randn(2, 21, 8)
+        ga = torch.autograd.grad(a(x).sin().sum(), list(a.parameters()))
+        gb = torch.autograd.grad(b(x).sin().sum(), list(b.parameters()))
+        for u, v in zip(ga, gb):
+            assert torch.equal(u, v)
+
+
+class _Mallinfo(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+class PeakHeap(TorchDispatchMode):
+    """Peak bytes allocated by malloc (glibc's mallinfo2) above the level at entry, sampled after every aten
+    op: forward, backward and the recomputation of checkpointed segments all count."""
+
+    def __init__(self):
+        super().__init__()
+        self.libc = ctypes.CDLL("libc.so.6")
+        self.libc.mallinfo2.restype = _Mallinfo
+        self.base, self.peak = self.used(), 0
+
+    def used(self) -> int:
+        m = self.libc.mallinfo2()
+        return m.uordblks + m.hblkhd
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, self.used() - self.base)
+        return out
+
+
+def test_gradient_checkpointing_through_time_halves_peak_memory_at_4k():
+    try:
+        ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        pytest.skip("needs glibc >= 2.33 (mallinfo2) to measure heap usage")
+    torch.manual_seed(0)
+    B, H, T, b, f = 1, 2, 4096, 16, 16
+    N = T // b
+    XQ, XK, XV = (torch.randn(B, H, N, b, f, requires_grad=True) for _ in range(3))
+    eta = (0.01 * torch.rand(B, H, N, b, b)).requires_grad_()
+    W = (0.1 * torch.randn(B, H, f, f)).requires_grad_()
+    bias = torch.zeros(B, H, 1, f, requires_grad=True)
+    ln_w, ln_b = torch.ones(H, 1, f, requires_grad=True), torch.zeros(H, 1, f, requires_grad=True)
+    inputs = (XQ, XK, XV, eta, W, bias, ln_w, ln_b)
+
+    def run(k):
+        with PeakHeap() as mem:
+            Z, W_last, _ = ttt_linear_dual(*inputs, checkpoint_every=k)
+            grads = torch.autograd.grad(Z.sin().sum() + W_last.sum(), inputs)
+        return mem.peak, grads
+
+    run(0)  # warm up the allocator
+    peak_full, g_full = run(0)
+    peak_ckpt, g_ckpt = run(16)
+    for u, v in zip(g_full, g_ckpt):
+        assert torch.equal(u, v)
+    assert peak_full >= 2 * peak_ckpt, (peak_full, peak_ckpt)
+
+
+def test_theorem_1_linear_learner_batch_gd_is_linear_attention():
+    """f(x) = xW, batch GD (b = T), eta = 1/2 for l = ||.||^2 (1 for our l/2), W_0 = 0: linear attention."""
+    torch.manual_seed(0)
+    B, H, T, f = 2, 3, 9, 4
+    q, k, v = (torch.randn(B, H, T, f) for _ in range(3))
+    eta = torch.ones(B, H, 1, T, T)
+    Z, _, _ = ttt_linear_dual(q[:, :, None], k[:, :, None], v[:, :, None], eta, torch.zeros(B, H, f, f), None,
+                              None, None)
+    z_la, _, _ = causal_linear_attention(q, k, v)
+    assert rel_err(Z[:, :, 0], z_la) <= 1e-12
+    z_naive = torch.stack([sum((q[:, :, t] * k[:, :, s]).sum(-1, keepdim=True) * v[:, :, s] for s in range(t + 1))
+                           for t in range(T)], 2)  # sum_s v_s k_s^T q_t
+    assert rel_err(z_la, z_naive) <= 1e-12
+
+
+def test_theorem_2_nadaraya_watson_is_causal_softmax_attention():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    z = nadaraya_watson(q, k, v, scale=8**-0.5)
+    assert rel_err(z, F.scaled_dot_product_attention(q, k, v, is_causal=True)) <= 1e-12
+    # the last 4 queries against all 10 keys (decoding with a cache of 6)
+    assert rel_err(nadaraya_watson(q[:, :, 6:], k, v, 8**-0.5), z[:, :, 6:]) <= 1e-12

@@ -1,0 +1,81 @@
+"""`ttt-bench bench scan`: forward+backward time of Mamba's selective scan on CPU.
+
+Compares our chunked scan, the sequential reference (at a shorter length by default: it is one
+Python step per token) and mambapy's Blelloch parallel scan (`mambapy.pscan`) on the same inputs,
+each including softplus(delta + bias), the D skip and the silu(z) gate, gradients to every input.
+"""
+
+import argparse
+import statistics
+import time
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from ttt_bench.models.mamba.scan import selective_scan
+from ttt_bench.models.mamba.scan_ref import selective_scan_ref
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seqlen", type=int, default=2048)
+    parser.add_argument("--d-model", type=int, default=128, help="d_inner = expand * d_model")
+    parser.add_argument("--expand", type=int, default=2)
+    parser.add_argument("--d-state", type=int, default=16)
+    parser.add_argument("--chunk-size", type=int, default=0, help="0: ~sqrt(seqlen)")
+    parser.add_argument("--ref-seqlen", type=int, default=256, help="sequential reference's length (0: skip)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _mambapy_scan(u, delta, A, B, C, D, z, delta_bias):
+    from mambapy.mamba import MambaBlock  # optional dev dependency
+
+    y = MambaBlock.selective_scan(None, u, F.softplus(delta + delta_bias), A, B, C, D)
+    return y * F.silu(z)
+
+
+def _inputs(batch, seqlen, d_inner, d_state, generator):
+    r = lambda *shape: torch.randn(*shape, generator=generator)
+    return dict(u=r(batch, seqlen, d_inner), delta=r(batch, seqlen, d_inner) * 0.5,
+                A=-torch.arange(1, d_state + 1.0).repeat(d_inner, 1), B=r(batch, seqlen, d_state),
+                C=r(batch, seqlen, d_state), D=torch.ones(d_inner), z=r(batch, seqlen, d_inner),
+                delta_bias=torch.full((d_inner,), -3.0))
+
+
+def _time_ms(fn, inputs, warmup, repeats) -> float:
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    times = []
+    for _ in range(warmup + repeats):
+        start = time.perf_counter()
+        fn(**leaves).sum().backward()
+        times.append((time.perf_counter() - start) * 1e3)
+        for v in leaves.values():
+            v.grad = None
+    return statistics.median(times[warmup:])
+
+
+def run(args) -> pd.DataFrame:
+    torch.set_num_threads(args.threads)
+    d_inner = args.expand * args.d_model
+    g = torch.Generator().manual_seed(args.seed)
+    ours = lambda **kw: selective_scan(**kw, delta_softplus=True, chunk_size=args.chunk_size or None)
+    ref = lambda **kw: selective_scan_ref(**kw, delta_softplus=True)
+    cases = [("mambapy_pscan", _mambapy_scan, args.seqlen), ("chunked", ours, args.seqlen)]
+    if args.ref_seqlen:
+        if args.ref_seqlen != args.seqlen:
+            cases.insert(0, ("mambapy_pscan", _mambapy_scan, args.ref_seqlen))
+        cases.append(("sequential_ref", ref, args.ref_seqlen))
+    rows = []
+    for impl, fn, seqlen in cases:
+        inputs = _inputs(args.batch, seqlen, d_inner, args.d_state, g)
+        rows.append(dict(impl=impl, batch=args.batch, seqlen=seqlen, d_model=args.d_model, d_inner=d_inner,
+                         d_state=args.d_state, threads=args.threads,
+                         median_ms=_time_ms(fn, inputs, args.warmup, args.repeats)))
+    df = pd.DataFrame(rows)
+    baseline = df[df.impl == "mambapy_pscan"].set_index("seqlen").median_ms
+    df["speedup_vs_mambapy"] = df.seqlen.map(baseline) / df.median_ms
+    return df

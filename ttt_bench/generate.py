@@ -1,0 +1,29 @@
+"""Sampling with the model's own decoding cache (KV cache, TTT state, SSM state)."""
+
+import torch
+
+
+@torch.no_grad()
+def sample(model, prompt_ids: list[int], max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = 50,
+           eos_id: int | None = None, seed: int = 0) -> list[int]:
+    """Prefill the prompt in one pass, then decode one token at a time from the cache."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    caches = model.init_caches(1)
+    logits = model(torch.tensor([prompt_ids], device=device), caches)[:, -1]
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        if temperature <= 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        else:
+            logits = logits.float() / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+        token = int(nxt)
+        if eos_id is not None and token == eos_id:
+            break
+        out.append(token)
+        logits = model(nxt.view(1, 1), caches)[:, -1]
+    return out

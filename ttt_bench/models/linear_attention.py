@@ -1,0 +1,97 @@
+"""Linear attention (Katharopoulos et al., 2020) as the mixer of a Llama-style block: Table 1's first rows.
+
+    katharopoulos: z_t = sum_s v_s phi(k_s)^T phi(q_t) / sum_s phi(k_s)^T phi(q_t),  phi = elu + 1
+    improved:      z_t = sum_s v_s k_s^T q_t  (identity phi, no normalizer; LayerNorm on the output
+                   instead, the 'improved' formulation of footnote 8 and the TTT layer of Theorem 1)
+
+Computed chunk by chunk in the recurrent form: the state S_t = sum_{s<=t} phi(k_s) v_s^T (and the
+normalizer n_t = sum_{s<=t} phi(k_s)) is also the decoding cache.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+
+
+@dataclass
+class LinearAttentionCache:
+    state: torch.Tensor | None = None  # S [B, H, f, f]
+    norm: torch.Tensor | None = None  # n [B, H, 1, f]
+    pos: int = 0
+
+
+def causal_linear_attention(q, k, v, state=None, norm=None, normalize: bool = False, chunk: int = 64):
+    """q, k, v [B, H, T, f] (features already mapped by phi). Returns (z, S, n) with the updated state."""
+    B, H, T, f = q.shape
+    state = q.new_zeros(B, H, f, v.shape[-1]) if state is None else state
+    norm = q.new_zeros(B, H, 1, f) if norm is None else norm
+    outs = []
+    for lo in range(0, T, chunk):
+        qc, kc, vc = q[:, :, lo : lo + chunk], k[:, :, lo : lo + chunk], v[:, :, lo : lo + chunk]
+        a = (qc @ kc.transpose(-1, -2)).tril()  # within the chunk, s <= t
+        z = qc @ state + a @ vc
+        if normalize:
+            z = z / (qc @ norm.transpose(-1, -2) + a.sum(-1, keepdim=True))
+        outs.append(z)
+        state = state + kc.transpose(-1, -2) @ vc
+        norm = norm + kc.sum(-2, keepdim=True)
+    return torch.cat(outs, 2), state, norm
+
+
+class LinearAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, variant: str = "improved", rope: bool = False,
+                 rope_theta: float = 10_000.0):
+        super().__init__()
+        if variant not in ("katharopoulos", "improved"):
+            raise ValueError(f"variant must be 'katharopoulos' or 'improved', got {variant!r}")
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
+        self.variant, self.n_heads, self.head_dim = variant, n_heads, d_model // n_heads
+        self.rope, self.rope_theta = rope, rope_theta
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.post_norm = nn.LayerNorm(d_model, eps=1e-6) if variant == "improved" else None
+
+    def forward(self, x: torch.Tensor, cache: LinearAttentionCache | None = None) -> torch.Tensor:
+        B, T, D = x.shape
+        heads = lambda t: t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        start = cache.pos if cache is not None else 0
+        if self.rope:
+            cos, sin = rope_cos_sin(torch.arange(start, start + T, device=x.device), self.head_dim,
+                                    self.rope_theta, q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.variant == "katharopoulos":
+            q, k = F.elu(q) + 1, F.elu(k) + 1
+        z, state, norm = causal_linear_attention(q, k, v, cache and cache.state, cache and cache.norm,
+                                                 normalize=self.variant == "katharopoulos")
+        if cache is not None:
+            cache.state, cache.norm, cache.pos = state, norm, start + T
+        z = z.transpose(1, 2).reshape(B, T, D)
+        return self.o_proj(self.post_norm(z) if self.post_norm is not None else z)
+
+
+class LinearAttentionBlock(nn.Module):
+    """x + LinearAttention(RMSNorm(x)), then x + SwiGLU(RMSNorm(x))."""
+
+    def __init__(self, layer_idx: int, d_model: int, n_heads: int, mlp_hidden: int, variant: str = "improved",
+                 rope: bool = False, rope_theta: float = 10_000.0, norm_eps: float = 1e-6):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attn_norm = RMSNorm(d_model, norm_eps)
+        self.attn = LinearAttention(d_model, n_heads, variant, rope, rope_theta)
+        self.mlp_norm = RMSNorm(d_model, norm_eps)
+        self.mlp = SwiGLU(d_model, mlp_hidden)
+
+    def forward(self, x: torch.Tensor, cache: LinearAttentionCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> LinearAttentionCache:
+        return LinearAttentionCache()

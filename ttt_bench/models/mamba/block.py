@@ -1,0 +1,165 @@
+"""Mamba (Gu & Dao, 2023) blocks: x + Mamba(RMSNorm(x)), as mamba-ssm's MambaLMHeadModel.
+
+`Mamba` has the parameter names and shapes of `mamba_ssm.modules.mamba_simple.Mamba` (in_proj,
+conv1d, x_proj, dt_proj, A_log, D, out_proj), so a state dict loads into either. Two backends
+compute the same function:
+
+  torch: pure PyTorch, the chunked selective scan of `scan.py` (any device);
+  cuda:  mamba-ssm's fused kernels (mamba_inner_fn, causal_conv1d) for CUDA inputs.
+
+`backend="auto"` uses the kernels when the input is on CUDA and mamba-ssm imports, else PyTorch.
+Decoding with a cache (any number of new tokens per call) always takes the PyTorch path, which
+handles an initial state.
+"""
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ttt_bench.errors import UserError
+
+from ..layers import RMSNorm
+from .scan import selective_scan
+
+log = logging.getLogger(__name__)
+BACKENDS = ("auto", "torch", "cuda")
+_logged_backends: set[str] = set()
+
+
+@functools.cache
+def cuda_kernels():
+    """mamba-ssm's fused forward+backward, or None when mamba-ssm / causal-conv1d do not import."""
+    try:  # imported lazily: mamba-ssm cannot be imported without CUDA
+        import causal_conv1d  # noqa: F401  (mamba_inner_fn needs it)
+        from mamba_ssm.ops.selective_scan_interface import mamba_inner_fn
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return mamba_inner_fn
+
+
+def _log_backend(name: str) -> None:
+    if name not in _logged_backends:
+        _logged_backends.add(name)
+        log.info("Mamba backend: %s", name)
+
+
+@dataclass
+class MambaCache:
+    conv: torch.Tensor  # [B, d_inner, d_conv - 1]: the last inputs of the causal convolution
+    ssm: torch.Tensor  # [B, d_inner, d_state]
+
+
+class Mamba(nn.Module):
+    """Mamba mixer (selective SSM), the layer of mamba-ssm's `Mamba` with the same hyperparameters."""
+
+    def __init__(self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2, dt_rank="auto",
+                 dt_min: float = 1e-3, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
+                 dt_scale: float = 1.0, conv_bias: bool = True, bias: bool = False, backend: str = "auto",
+                 chunk_size: int | None = None):
+        super().__init__()
+        if backend not in BACKENDS:
+            raise UserError(f"model.block.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+        if backend == "cuda" and not (torch.cuda.is_available() and cuda_kernels() is not None):
+            raise UserError("model.block.backend=cuda needs a CUDA GPU and mamba-ssm: install a CUDA build "
+                            "of torch, then `pip install -e '.[cuda]'` (or use backend=auto|torch)")
+        self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
+        self.d_inner = expand * d_model
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
+        self.dt_min, self.dt_max, self.dt_init_floor, self.dt_scale = dt_min, dt_max, dt_init_floor, dt_scale
+        self.backend, self.chunk_size = backend, chunk_size
+
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
+        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner, padding=d_conv - 1,
+                                bias=conv_bias)
+        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
+        self.A_log = nn.Parameter(torch.empty(self.d_inner, d_state))
+        self.D = nn.Parameter(torch.empty(self.d_inner))
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+        for p in (self.A_log, self.D):  # as mamba-ssm; the optimizer may honour it
+            p._no_weight_decay = True
+        self.init_special_parameters()
+
+    @torch.no_grad()
+    def init_special_parameters(self) -> None:
+        """mamba-ssm's init: PyTorch defaults for in_proj/x_proj/conv1d, softplus(dt bias) log-uniform in
+        [dt_min, dt_max], S4D-real A = -(1..d_state), D = 1. out_proj keeps the LM's scaled init."""
+        for m in (self.in_proj, self.x_proj, self.conv1d):
+            m.reset_parameters()
+        if self.in_proj.bias is not None:
+            nn.init.zeros_(self.in_proj.bias)
+        std = self.dt_rank**-0.5 * self.dt_scale
+        nn.init.uniform_(self.dt_proj.weight, -std, std)
+        u = torch.rand(self.d_inner, device=self.D.device)
+        dt = torch.exp(u * (math.log(self.dt_max) - math.log(self.dt_min)) + math.log(self.dt_min))
+        dt = dt.clamp(min=self.dt_init_floor)
+        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        A = torch.arange(1, self.d_state + 1, dtype=torch.float32, device=self.D.device)
+        self.A_log.copy_(torch.log(A))
+        self.D.fill_(1.0)
+
+    def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
+        if cache is None and self.backend != "torch" and x.is_cuda and cuda_kernels() is not None:
+            _log_backend("cuda (mamba-ssm kernels)")
+            return self._forward_cuda(x)
+        if self.backend == "cuda" and not x.is_cuda:
+            raise UserError("model.block.backend=cuda but the input is not on a CUDA device: "
+                            "use backend=auto|torch")
+        _log_backend("torch (chunked selective scan)")
+        return self._forward_torch(x, cache)
+
+    def _forward_torch(self, x: torch.Tensor, cache: MambaCache | None) -> torch.Tensor:
+        T = x.shape[1]
+        xs, z = self.in_proj(x).chunk(2, dim=-1)
+        xs = xs.transpose(1, 2)  # [B, d_inner, T] for the depthwise causal convolution
+        if cache is None:
+            xs = self.conv1d(xs)[..., :T]
+        else:
+            xs = torch.cat([cache.conv, xs], dim=-1)
+            cache.conv = xs[..., xs.shape[-1] - (self.d_conv - 1):]
+            xs = F.conv1d(xs, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
+        xs = F.silu(xs).transpose(1, 2)
+        dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        y = selective_scan(xs, F.linear(dt, self.dt_proj.weight), -torch.exp(self.A_log.float()), B, C,
+                           self.D.float(), z, delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
+                           initial_state=None if cache is None else cache.ssm,
+                           return_last_state=cache is not None, chunk_size=self.chunk_size)
+        if cache is not None:
+            y, ssm = y
+            cache.ssm = ssm.to(cache.ssm.dtype)
+        return self.out_proj(y)
+
+    def _forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        xz = self.in_proj(x).transpose(1, 2)  # mamba-ssm's layout: [B, 2 d_inner, T]
+        return cuda_kernels()(xz, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight,
+                              self.dt_proj.weight, self.out_proj.weight, self.out_proj.bias,
+                              -torch.exp(self.A_log.float()), None, None, self.D.float(),
+                              delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
+
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> MambaCache:
+        zeros = lambda k: torch.zeros(batch_size, self.d_inner, k, device=device, dtype=dtype)
+        return MambaCache(conv=zeros(self.d_conv - 1), ssm=zeros(self.d_state))
+
+
+class MambaBlock(nn.Module):
+    """x + Mamba(RMSNorm(x)): mamba-ssm's `Block` with `mixer` and `norm`, no MLP."""
+
+    def __init__(self, layer_idx: int, d_model: int, norm_eps: float = 1e-6, **mixer_kwargs):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.norm = RMSNorm(d_model, norm_eps)
+        self.mixer = Mamba(d_model, **mixer_kwargs)
+
+    def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
+        return x + self.mixer(self.norm(x), cache)
+
+    def init_special_parameters(self) -> None:
+        self.mixer.init_special_parameters()
+
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> MambaCache:
+        return self.mixer.init_cache(batch_size, device, dtype)

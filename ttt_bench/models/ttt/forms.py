@@ -1,0 +1,155 @@
+"""Primal and dual forms of mini-batch TTT (Sections 2.4-2.5, Appendix A).
+
+A sequence is split into mini-batches of b tokens (b=1: online GD, b=T: batch GD). Every token's gradient
+G_s is taken at W_{t'}, the weights at the end of the previous mini-batch, and within the mini-batch
+
+    W_t = W_{t'} - sum_{s <= t} eta[t, s] G_s                                     (Equation 6)
+    z_t = f(theta_Q x_t; W_t)                                                     (Equation 5)
+
+with eta[t, s] = token_eta[t] * lr[s]: the learned inner learning rate of token s times the scaling of
+position t in its mini-batch (layer.py builds eta). A step processes one mini-batch, or a shorter chunk of
+one: `primal_step` materialises every G_t and W_t, `dual_step` only uses matmuls and masks. Both take
+`pending = (sums, token_eta, lr)` to continue a mini-batch begun earlier (decoding), where `sums` is
+sum_s lr[s] G_s over its earlier tokens, so that W_t = W_{t'} - token_eta[t] * (sums + ...).
+
+`scan` runs a step over the N mini-batches of [B, H, N, b, .] tensors, with gradient checkpointing
+through time; `ttt_linear_dual` is the TTT-Linear core a fused kernel can replace.
+"""
+
+from functools import partial
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from . import learner
+from .learner import Params
+
+
+def dual_step(params: Params, xq, xk, xv, eta, ln=None, pending=None):
+    """One chunk in dual form (Appendix A.3). xq/xk/xv [B, H, c, f], eta [B, H, c, c].
+
+    Returns (z [B, H, c, f], state): the weights at the end of the chunk, or with `pending` the new
+    gradient sums (the caller turns them into weights when the mini-batch completes).
+    """
+    xs, gs = learner.grads(params, xk, xv, ln)
+    eta = eta.tril()  # the mask: token t only sees s <= t
+    last = eta[..., -1:, :].transpose(-1, -2)  # eta[c-1, s] as a column [B, H, c, 1]
+    x, state = xq, []
+    for k in range(learner.n_layers(params)):
+        W, b, X, G = params[2 * k], params[2 * k + 1], xs[k], gs[k]
+        # Zbar^k = Xbar^k W^k - (eta * mask(Xbar^k X^k^T)) G^k (Fact 1, Equation 8 for one layer); the bias
+        # is a feature that is always 1, so b_t = b - sum_s eta[t, s] g_s.
+        z = x @ W - (eta * (x @ X.transpose(-1, -2))) @ G
+        if b is not None:
+            z = z + b - eta @ G
+        if pending is None:  # W_b = W - sum_s eta[c, s] x_s g_s^T, with matmuls (Section 2.5)
+            state += [W - (last * X).transpose(-1, -2) @ G, None if b is None else b - (last * G).sum(-2, True)]
+        else:
+            sums, token_eta, lr = pending
+            lr = lr.transpose(-1, -2)
+            z = z - token_eta * (x @ sums[2 * k] + (0 if b is None else sums[2 * k + 1]))
+            state += [sums[2 * k] + (lr * X).transpose(-1, -2) @ G,
+                      None if b is None else sums[2 * k + 1] + (lr * G).sum(-2, True)]
+        x = learner.gelu(z) if k < learner.n_layers(params) - 1 else z
+    return (xq + learner.layer_norm(x, *ln) if ln is not None else x), tuple(state)
+
+
+def token_weights(params: Params, xs: list, gs: list, eta, pending=None) -> tuple[tuple, tuple]:
+    """The primal form's W_t for every token of a chunk (Equation 6): W^k [B, H, c, d_in, d_out] and
+    b^k [B, H, c, d_out]; with `pending`, also the running gradient sums after every token."""
+    weights, sums_t = [], []
+    for k in range(learner.n_layers(params)):
+        W, b = params[2 * k], params[2 * k + 1]
+        G_W = xs[k].unsqueeze(-1) * gs[k].unsqueeze(-2)  # G_t = x_t g_t^T, one d_in x d_out matrix per token
+        G_b = gs[k]
+        if pending is None:
+            W_t = W.unsqueeze(-3) - torch.einsum("...ts,...sio->...tio", eta.tril(), G_W)
+            b_t = None if b is None else b - eta.tril() @ G_b
+        else:  # cumsum of lr_s G_s on top of the earlier tokens' sums
+            sums, token_eta, lr = pending
+            lr = lr.transpose(-1, -2)
+            S_W = sums[2 * k].unsqueeze(-3) + torch.cumsum(lr.unsqueeze(-1) * G_W, dim=-3)
+            S_b = None if b is None else sums[2 * k + 1] + torch.cumsum(lr * G_b, dim=-2)
+            W_t = W.unsqueeze(-3) - token_eta.unsqueeze(-1) * S_W
+            b_t = None if b is None else b - token_eta * S_b
+            sums_t += [S_W, S_b]
+        weights += [W_t, b_t]
+    return tuple(weights), tuple(sums_t)
+
+
+def last_token(per_token: tuple) -> tuple:
+    """The last token's entry of per-token weights (or sums), shaped like the weights of a step."""
+    return tuple(None if p is None else p[..., -1, :, :] if i % 2 == 0 else p[..., -1:, :]
+                 for i, p in enumerate(per_token))
+
+
+def primal_step(params: Params, xq, xk, xv, eta, ln=None, pending=None):
+    """One chunk in primal form (Appendix A.2): same inputs and outputs as `dual_step`."""
+    xs, gs = learner.grads(params, xk, xv, ln)
+    W_t, sums_t = token_weights(params, xs, gs, eta, pending)
+    z = learner.predict(W_t, xq, ln, per_token=True)
+    return z, last_token(W_t if pending is None else sums_t)
+
+
+STEPS = {"dual": dual_step, "primal": primal_step}
+
+
+def scan(step, params: Params, inputs: tuple, checkpoint_every: int = 0):
+    """Run `step(params, *inputs[:, :, n]) -> (out_n, params)` over the N mini-batches of inputs
+    [B, H, N, ...]; returns (outputs stacked on axis 2, final params).
+
+    Gradient checkpointing through time (Appendix C): with checkpoint_every = k > 0 (and autograd on),
+    only the weights at every k-th mini-batch boundary are kept for backward, and each group of k
+    mini-batches is recomputed during backward.
+    """
+    N = inputs[0].shape[2]
+
+    def run(lo, hi, *params):
+        outs = []
+        for n in range(lo, hi):
+            out, params = step(params, *(x[:, :, n] for x in inputs))
+            outs.append(out)
+        return (torch.stack(outs, 2), *params)
+
+    ckpt = checkpoint_every > 0 and torch.is_grad_enabled()
+    k = checkpoint_every if ckpt else N
+    outs = []
+    for lo in range(0, N, k):
+        hi = min(lo + k, N)
+        out = checkpoint(run, lo, hi, *params, use_reentrant=False) if ckpt else run(lo, hi, *params)
+        outs.append(out[0])
+        params = tuple(out[1:])
+    return torch.cat(outs, 2), params
+
+
+def ttt_scan(form: str, params: Params, XQ, XK, XV, eta, ln=None, checkpoint_every: int = 0):
+    """Any learner, either form: XQ/XK/XV [B, H, N, b, f], eta [B, H, N, b, b] -> (Z, final params)."""
+    return scan(partial(STEPS[form], ln=ln), params, (XQ, XK, XV, eta), checkpoint_every)
+
+
+def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_every: int = 0):
+    """TTT-Linear in dual form over N mini-batches: the functional core.
+
+    XQ, XK, XV: [B, H, N, b, f] test, training and label views; eta: [B, H, N, b, b] with
+    eta[..., t, s] = token_eta[t] * lr[s] (applied below its diagonal only); W: [B, H, f, f] and
+    b: [B, H, 1, f] (or None) the initial weights; ln_weight, ln_bias: [H, 1, f], or None for the plain
+    linear learner f(x) = xW + b without LN and residual.
+    Returns Z [B, H, N, b, f] (the layer output before post-norm, with the +XQ residual when LN is on),
+    and W_last, b_last: the weights after the last mini-batch.
+    """
+    ln = None if ln_weight is None else (ln_weight, ln_bias)
+    Z, (W_last, b_last) = ttt_scan("dual", (W, b), XQ, XK, XV, eta, ln, checkpoint_every)
+    return Z, W_last, b_last
+
+
+def losses_step(params: Params, xk, xv, eta, params0: Params, ln=None):
+    """Figure 5 diagnostics for one mini-batch: l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per token,
+    [B, H, c, 3], and the weights at its end."""
+    xs, gs = learner.grads(params, xk, xv, ln)
+    W_t, _ = token_weights(params, xs, gs, eta)
+    W_prev = tuple(  # W_{t-1}: the chunk's initial weights, then W_t shifted by one token
+        None if p is None else torch.cat([p.unsqueeze(-3), q[..., :-1, :, :]], -3) if i % 2 == 0
+        else torch.cat([p, q[..., :-1, :]], -2) for i, (p, q) in enumerate(zip(params, W_t)))
+    out = torch.stack([learner.loss(params0, xk, xv, ln), learner.loss(W_prev, xk, xv, ln, per_token=True),
+                       learner.loss(W_t, xk, xv, ln, per_token=True)], -1)
+    return out, last_token(W_t)

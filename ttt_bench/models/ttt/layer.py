@@ -1,0 +1,306 @@
+"""The TTT layer (Section 2) and its two backbones (Figure 16).
+
+TTTLayer: multi-head views theta_K x, theta_V x, theta_Q x (Section 2.3), RoPE on Q/K over the position
+within the mini-batch (as the authors' code), the inner loop of learner.py/forms.py with the learnable
+inner learning rate eta(x) (Section 2.7), then LayerNorm (post-norm, the LN before O of NormFormer), an
+optional GELU gate, and the output projection O.
+
+TTTBlock: Transformer backbone  x + TTT(RMSNorm(x)), then x + SwiGLU(RMSNorm(x));
+          Mamba backbone        first x + Conv(RMSNorm(x)) (a temporal causal conv), and in the TTT layer
+                                theta_K, theta_Q share one projection followed by separate causal convs,
+                                and the output is gated by GELU(theta_G x).
+
+Decoding: a TTTCache holds W_{t'} (the weights at the end of the last complete mini-batch), the sums of
+the gradients of the current incomplete mini-batch, the conv states and the position. Complete
+mini-batches run in `form` (dual by default); the tokens of an incomplete one run in primal form.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers import RMSNorm, SwiGLU, rope_cos_sin
+from . import forms, learner
+from .forms import ttt_linear_dual
+
+LEARNERS = ("linear", "mlp", "kernel")
+
+
+@dataclass
+class TTTCache:
+    params: tuple | None = None  # W_{t'}, [B, H, ...] per weight; None: theta_init
+    sums: tuple | None = None  # sum_s lr_s G_s over the tokens of the incomplete mini-batch
+    pos: int = 0  # tokens seen
+    conv: dict = field(default_factory=dict)  # the last conv_kernel - 1 inputs of each causal conv
+    kv: tuple | None = None  # the kernel learner's training set: all keys and values seen
+
+
+class CausalConv1d(nn.Conv1d):
+    """Depthwise temporal convolution over [B, T, C] that only looks back; `state` holds the previous inputs."""
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=True)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+        x = x.transpose(1, 2)
+        if state is None:
+            state = x.new_zeros(x.shape[0], x.shape[1], self.kernel_size[0] - 1)
+        x = torch.cat([state, x], dim=-1)
+        y = F.conv1d(x, self.weight, self.bias, groups=self.groups)
+        return y.transpose(1, 2), x[..., x.shape[-1] - state.shape[-1]:]
+
+
+def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE rotating adjacent pairs (x_2i, x_2i+1), the convention of the authors' JAX (EasyLM) code."""
+    half = x.shape[-1] // 2
+    x1, x2, cos, sin = x[..., 0::2], x[..., 1::2], cos[..., :half], sin[..., :half]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+
+class TTTLayer(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, learner: str = "linear", mini_batch_size: int = 16,
+                 form: str = "dual", ln_residual: bool = True, inner_bias: bool = True, learnable_w0: bool = True,
+                 learnable_lr: bool = True, eta_base: float = 1.0, eta_warmup: bool = False,
+                 token_scaling: str = "learnable", rope: bool = True, rope_theta: float = 10_000.0,
+                 checkpoint_every: int = 0, share_qk: bool = False, use_gate: bool = False, conv_kernel: int = 4,
+                 mlp_expansion: int = 4):
+        super().__init__()
+        if d_model % n_heads or (d_model // n_heads) % 2:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} into an even head dimension")
+        if learner not in LEARNERS or form not in forms.STEPS or token_scaling not in ("none", "fixed", "learnable"):
+            raise ValueError(f"unknown learner={learner!r}, form={form!r} or token_scaling={token_scaling!r}")
+        if mini_batch_size < 1:
+            raise ValueError(f"mini_batch_size must be positive, got {mini_batch_size}")
+        self.layer_idx = 0  # set by the block; names the layer in diagnostics
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.learner, self.form, self.mini_batch_size = learner, form, mini_batch_size
+        self.ln_residual, self.learnable_w0, self.learnable_lr = ln_residual, learnable_w0, learnable_lr
+        self.eta_base, self.eta_warmup, self.eta_scale = eta_base, eta_warmup, 1.0
+        self.rope, self.rope_theta, self.checkpoint_every = rope, rope_theta, checkpoint_every
+        self.share_qk, self.diagnostics = share_qk, None
+
+        # The views of the self-supervised task (Section 2.3); with share_qk, one projection and two convs.
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        if share_qk:
+            self.conv_q, self.conv_k = CausalConv1d(d_model, conv_kernel), CausalConv1d(d_model, conv_kernel)
+        else:
+            self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.g_proj = nn.Linear(d_model, d_model, bias=False) if use_gate else None
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.post_norm = nn.LayerNorm(d_model, eps=1e-6)
+
+        H, f = n_heads, self.head_dim
+        if learner != "kernel":
+            # eta(x) = eta_base * sigmoid(theta_lr . x) per head (Section 2.7)
+            self.lr_weight = nn.Parameter(torch.zeros(H, 1, d_model)) if learnable_lr else None
+            self.lr_bias = nn.Parameter(torch.zeros(H, 1)) if learnable_lr else None
+            # the i-th token of a mini-batch scales its summed gradients by 1/i (+ a learned offset, >= 0)
+            scale = 1.0 / torch.arange(1, mini_batch_size + 1) if token_scaling != "none" else torch.ones(mini_batch_size)
+            self.register_buffer("token_idx", scale, persistent=False)
+            self.token_idx_offset = nn.Parameter(torch.zeros(mini_batch_size)) if token_scaling == "learnable" else None
+            self.ttt_norm_weight = nn.Parameter(torch.ones(H, f)) if ln_residual else None
+            self.ttt_norm_bias = nn.Parameter(torch.zeros(H, f)) if ln_residual else None
+            # W_0 = theta_init (Section 2.7), or 0; per head, one (W, b) per layer of f
+            dims = [f, f] if learner == "linear" else [f, mlp_expansion * f, f]
+            for k in range(len(dims) - 1):
+                W, b = torch.zeros(H, dims[k], dims[k + 1]), torch.zeros(H, 1, dims[k + 1]) if inner_bias else None
+                register = self.register_parameter if learnable_w0 else self.register_buffer
+                register(f"W{k + 1}", nn.Parameter(W) if learnable_w0 else W)
+                register(f"b{k + 1}", nn.Parameter(b) if learnable_w0 and inner_bias else b)
+        self.init_special_parameters()
+
+    def init_special_parameters(self) -> None:
+        """The authors' init: W_0 ~ N(0, 0.02), biases 0, LN 1/0, theta_lr ~ N(0, 0.02); convs as PyTorch's."""
+        with torch.no_grad():
+            if self.learner != "kernel":
+                for name, p in self.named_parameters(recurse=False):
+                    if name.startswith("W") or name == "lr_weight":
+                        nn.init.normal_(p, std=0.02)
+                    elif name.startswith("b") or name in ("lr_bias", "ttt_norm_bias", "token_idx_offset"):
+                        p.zero_()
+                    elif name == "ttt_norm_weight":
+                        p.fill_(1.0)
+            if self.share_qk:
+                self.conv_q.reset_parameters()
+                self.conv_k.reset_parameters()
+            self.post_norm.reset_parameters()
+
+    # ---- the pieces of the inner loop ----
+
+    def initial_params(self, batch_size: int) -> tuple:
+        names = ("W1", "b1") if self.learner == "linear" else ("W1", "b1", "W2", "b2")
+        return tuple(None if getattr(self, n) is None else getattr(self, n).expand(batch_size, *getattr(self, n).shape)
+                     for n in names)
+
+    def ln(self):
+        if not self.ln_residual:
+            return None
+        return self.ttt_norm_weight.view(self.n_heads, 1, -1), self.ttt_norm_bias.view(self.n_heads, 1, -1)
+
+    def inner_lr(self, x: torch.Tensor) -> torch.Tensor:
+        """lr of every token [B, H, T]: eta_base * sigmoid(theta_lr . x + bias) / head_dim (the authors'
+        scaling; the 1/2 of Appendix A's loss is folded in too), times the warmup of eta_base."""
+        base = self.eta_base * self.eta_scale / self.head_dim
+        if not self.learnable_lr:
+            return x.new_full((x.shape[0], self.n_heads, x.shape[1]), base)
+        return base * torch.sigmoid(torch.einsum("btd,hod->bht", x, self.lr_weight) + self.lr_bias)
+
+    def token_eta(self, start: int, length: int) -> torch.Tensor:
+        scale = self.token_idx if self.token_idx_offset is None else self.token_idx + self.token_idx_offset
+        return scale.clamp_min(0.0)[start : start + length]
+
+    @staticmethod
+    def eta(token_eta: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+        """eta[t, s] = token_eta[t] * lr[s]: [..., c, c] from token_eta [c] and lr [..., c]."""
+        return token_eta[:, None] * lr[..., None, :]
+
+    def _continue(self, params, sums, xq, xk, xv, lr, start: int):
+        """Tokens of one mini-batch from its position `start`, carrying gradient sums (primal form)."""
+        c = xq.shape[2]
+        te = self.token_eta(start, c)
+        if sums is None:
+            sums = tuple(None if p is None else torch.zeros_like(p) for p in params)
+        z, sums = forms.primal_step(params, xq, xk, xv, self.eta(te, lr), self.ln(),
+                                    pending=(sums, te[:, None], lr[..., None, :]))
+        if start + c == self.mini_batch_size:  # complete: W_b = W_{t'} - token_eta[b] * sums   (Eq. 6)
+            return z, tuple(None if p is None else p - te[-1] * s for p, s in zip(params, sums)), None
+        return z, params, sums
+
+    def _ttt(self, xq, xk, xv, lr, cache: TTTCache | None) -> torch.Tensor:
+        B, H, T, f = xq.shape
+        b, ln = self.mini_batch_size, self.ln()
+        params = cache.params if cache is not None and cache.params is not None else self.initial_params(B)
+        outs, t = [], 0
+        if cache is not None and cache.pos % b:  # finish the mini-batch begun by an earlier call
+            start = cache.pos % b
+            t = min(T, b - start)
+            z, params, cache.sums = self._continue(params, cache.sums, xq[:, :, :t], xk[:, :, :t], xv[:, :, :t],
+                                                   lr[..., :t], start)
+            outs.append(z)
+        N = (T - t) // b
+        if N:  # complete mini-batches, [B, H, N, b, .]
+            split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
+            eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
+            if self.learner == "linear" and self.form == "dual":
+                Z, *params = ttt_linear_dual(split(xq), split(xk), split(xv), eta, *params, *(ln or (None, None)),
+                                             checkpoint_every=self.checkpoint_every)
+            else:
+                Z, params = forms.ttt_scan(self.form, params, split(xq), split(xk), split(xv), eta, ln,
+                                           self.checkpoint_every)
+            outs.append(Z.reshape(B, H, N * b, f))
+            t += N * b
+        if t < T:  # the remainder: a mini-batch shorter than b
+            rest = lambda v: v[:, :, t:]
+            if cache is not None:
+                z, params, cache.sums = self._continue(params, None, rest(xq), rest(xk), rest(xv), lr[..., t:], 0)
+            else:
+                eta = self.eta(self.token_eta(0, T - t), lr[..., t:])
+                z, _ = forms.STEPS[self.form](params, rest(xq), rest(xk), rest(xv), eta, ln)
+            outs.append(z)
+        if cache is not None:
+            cache.params = tuple(params)
+        return torch.cat(outs, 2)
+
+    @torch.no_grad()
+    def _record_inner_losses(self, xk, xv, lr) -> None:
+        """l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per position, averaged over heads and sequences (Figure 5)."""
+        B, H, T, f = xk.shape
+        b, ln, params = self.mini_batch_size, self.ln(), self.initial_params(B)
+        step = lambda p, k, v, e: forms.losses_step(p, k, v, e, params0=self.initial_params(B), ln=ln)
+        N, outs = T // b, []
+        if N:
+            split = lambda v: v[:, :, : N * b].reshape(B, H, N, b, -1)
+            eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
+            out, params = forms.scan(step, params, (split(xk), split(xv), eta))
+            outs.append(out.reshape(B, H, N * b, 3))
+        if T > N * b:
+            outs.append(step(params, xk[:, :, N * b :], xv[:, :, N * b :],
+                             self.eta(self.token_eta(0, T - N * b), lr[..., N * b :]))[0])
+        self.diagnostics.add(self.layer_idx, torch.cat(outs, 2).mean((0, 1)), B)
+
+    # ---- forward ----
+
+    def forward(self, x: torch.Tensor, cache: TTTCache | None = None) -> torch.Tensor:
+        B, T, D = x.shape
+        start = cache.pos if cache is not None else 0
+        xv = self.v_proj(x)
+        if self.share_qk:
+            xqk = self.q_proj(x)
+            conv = cache.conv if cache is not None else {}
+            xq, conv["q"] = self.conv_q(xqk, conv.get("q"))
+            xk, conv["k"] = self.conv_k(xqk, conv.get("k"))
+        else:
+            xq, xk = self.q_proj(x), self.k_proj(x)
+        heads = lambda t: t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        xq, xk, xv = heads(xq), heads(xk), heads(xv)
+        if self.rope:  # positions within the mini-batch
+            positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
+            cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, xq.dtype)
+            xq, xk = apply_rope_pairs(xq, cos, sin), apply_rope_pairs(xk, cos, sin)
+
+        if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
+            if cache is not None:
+                if cache.kv is not None:
+                    xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
+                cache.kv = (xk, xv)
+            z = learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
+        else:
+            lr = self.inner_lr(x)
+            if self.diagnostics is not None and cache is None:
+                self._record_inner_losses(xk, xv, lr)
+            z = self._ttt(xq, xk, xv, lr, cache)
+
+        z = self.post_norm(z.transpose(1, 2).reshape(B, T, D))
+        if self.g_proj is not None:
+            z = F.gelu(self.g_proj(x), approximate="tanh") * z
+        if cache is not None:
+            cache.pos += T
+        return self.o_proj(z)
+
+
+class TTTBlock(nn.Module):
+    """A residual block with a TTT layer, in the Transformer or the Mamba backbone (Figure 16).
+
+    Every keyword argument beyond the block's own goes to TTTLayer (learner, mini_batch_size, form, ...).
+    """
+
+    def __init__(self, layer_idx: int, d_model: int, n_heads: int, mlp_hidden: int, backbone: str = "mamba",
+                 conv_kernel: int = 4, norm_eps: float = 1e-6, **ttt):
+        super().__init__()
+        if backbone not in ("mamba", "transformer"):
+            raise ValueError(f"backbone must be 'mamba' or 'transformer', got {backbone!r}")
+        self.layer_idx, self.backbone = layer_idx, backbone
+        mamba = backbone == "mamba"
+        self.pre_conv_norm = RMSNorm(d_model, norm_eps) if mamba else None
+        self.pre_conv = CausalConv1d(d_model, conv_kernel) if mamba else None
+        self.seq_norm = RMSNorm(d_model, norm_eps)
+        self.ttt = TTTLayer(d_model, n_heads, share_qk=mamba, use_gate=mamba, conv_kernel=conv_kernel, **ttt)
+        self.ttt.layer_idx = layer_idx
+        self.mlp_norm = RMSNorm(d_model, norm_eps)
+        self.mlp = SwiGLU(d_model, mlp_hidden)
+
+    def init_special_parameters(self) -> None:
+        self.ttt.init_special_parameters()
+        if self.pre_conv is not None:
+            self.pre_conv.reset_parameters()
+
+    def on_train_step(self, step: int, warmup_steps: int) -> None:
+        """With eta_warmup (TTT-MLP, Appendix C), eta_base warms up linearly over the outer warmup."""
+        if self.ttt.eta_warmup:
+            self.ttt.eta_scale = min(1.0, (step + 1) / max(1, warmup_steps))
+
+    def forward(self, x: torch.Tensor, cache: TTTCache | None = None) -> torch.Tensor:
+        if self.pre_conv is not None:
+            y, state = self.pre_conv(self.pre_conv_norm(x), None if cache is None else cache.conv.get("pre"))
+            if cache is not None:
+                cache.conv["pre"] = state
+            x = x + y
+        x = x + self.ttt(self.seq_norm(x), cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> TTTCache:
+        return TTTCache()  # filled on the first call: W_{t'} starts at theta_init

@@ -1,0 +1,111 @@
+"""Learners of a TTT layer (Figure 9): an inner model f with weights W, and its self-supervised loss.
+
+Parametric learners are stacks of K layers acting on row vectors (tokens are rows, so the paper's Wx is
+`x @ W` here), as in Appendix A.1:
+
+    Z^k = X^k W^k + b^k,    X^{k+1} = gelu(Z^k) for k < K,    f_res(x) = Z^K
+
+K=1 is TTT-Linear (f_lin, W square per head) and K=2 is TTT-MLP (hidden 4x, GELU). With `ln_residual`,
+f(x) = x + LN(f_res(x)) (Section 2.7). Weights are a flat tuple `params = (W^1, b^1, ..., W^K, b^K)` with
+shapes [B, H, d_in, d_out] and [B, H, 1, d_out]; a bias may be None (the plain f(x) = Wx of Theorem 1).
+`ln` is the pair (weight, bias) of the per-head LayerNorm, each [H, 1, f], or None without LN-and-residual.
+
+Inner loss, Equation 4: l(W; x_t) = ||f(theta_K x_t; W) - theta_V x_t||^2. Gradients use l/2 as in
+Appendix A; the 1/2 and the authors' division of eta by the head dimension live in the learning rate
+(see layer.py). With the residual form of f, the label of f_res is theta_V x_t - theta_K x_t.
+
+The nonparametric learner (Theorem 2) is `nadaraya_watson`: its hidden state is the list of (k, v).
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+Params = tuple  # (W^1, b^1, ..., W^K, b^K)
+LN_EPS = 1e-6
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")  # tanh approximation, as the authors' JAX code
+
+
+def gelu_grad(x: torch.Tensor) -> torch.Tensor:
+    """d gelu(x) / dx, written out so that it can itself be differentiated by the outer loop."""
+    c = math.sqrt(2.0 / math.pi)
+    tanh = torch.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * (1 + tanh) + 0.5 * x * (1 - tanh**2) * c * (1 + 3 * 0.044715 * x**2)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+    return weight * (x - mu) / torch.sqrt(var + LN_EPS) + bias
+
+
+def layer_norm_l2_grad(z: torch.Tensor, target: torch.Tensor, weight, bias) -> torch.Tensor:
+    """Gradient wrt z of 1/2 ||LN(z) - target||^2: LayerNorm's backward fused with the L2 loss."""
+    mu, var = z.mean(-1, keepdim=True), z.var(-1, keepdim=True, unbiased=False)
+    std = torch.sqrt(var + LN_EPS)
+    z_hat = (z - mu) / std
+    g = (weight * z_hat + bias - target) * weight  # d loss / d z_hat
+    return (g - g.mean(-1, keepdim=True) - z_hat * (g * z_hat).mean(-1, keepdim=True)) / std
+
+
+def n_layers(params: Params) -> int:
+    return len(params) // 2
+
+
+def forward(params: Params, x: torch.Tensor, per_token: bool = False) -> tuple[list, list]:
+    """Appendix A.1: the inputs X^k and pre-activations Z^k of every layer. With `per_token`, weights
+    carry an extra token axis ([B, H, c, d_in, d_out], the primal form's W_t) matching x's [B, H, c, d_in]."""
+    xs, zs = [], []
+    for k in range(n_layers(params)):
+        W, b = params[2 * k], params[2 * k + 1]
+        z = torch.einsum("...ti,...tio->...to", x, W) if per_token else x @ W
+        if b is not None:
+            z = z + b
+        xs.append(x)
+        zs.append(z)
+        x = gelu(z)
+    return xs, zs
+
+
+def predict(params: Params, x: torch.Tensor, ln, per_token: bool = False) -> torch.Tensor:
+    """f(x; W): Equation 5's output rule when x is the test view."""
+    z = forward(params, x, per_token)[1][-1]
+    return x + layer_norm(z, *ln) if ln is not None else z
+
+
+def loss(params: Params, xk: torch.Tensor, xv: torch.Tensor, ln, per_token: bool = False) -> torch.Tensor:
+    """Equation 4 per token, summed over features: [B, H, c]."""
+    return (predict(params, xk, ln, per_token) - xv).pow(2).sum(-1)
+
+
+def grads(params: Params, xk: torch.Tensor, xv: torch.Tensor, ln) -> tuple[list, list]:
+    """Per-token gradient factors of l/2 at `params` (Appendix A.3, the standard backward pass).
+
+    Returns X^k and G^k = dl/dZ^k for every layer, each [B, H, c, .]: token t's gradient wrt W^k is the
+    outer product x_t^k (g_t^k)^T and wrt b^k it is g_t^k. The dual form never forms those products.
+    """
+    xs, zs = forward(params, xk)
+    if ln is not None:  # f(x) = x + LN(f_res(x)), so f_res learns the label theta_V x - theta_K x
+        g = layer_norm_l2_grad(zs[-1], xv - xk, *ln)
+    else:
+        g = zs[-1] - xv
+    gs = [g]
+    for k in range(n_layers(params) - 1, 0, -1):
+        g = (g @ params[2 * k].transpose(-1, -2)) * gelu_grad(zs[k - 1])
+        gs.insert(0, g)
+    return xs, gs
+
+
+def nadaraya_watson(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Equations 9-10: z_t = sum_s kappa(q_t, k_s) y_s / sum_s kappa(q_t, k_s) over the tokens s seen so far,
+    with the kernel kappa(q, k) = exp(scale * q.k) and labels y_s = v_s. The queries q [B, H, T, f] are the
+    last T tokens of the S keys k and values v [B, H, S, f]."""
+    logits = scale * q @ k.transpose(-1, -2)  # [B, H, T, S]
+    T, S = logits.shape[-2:]
+    visible = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
+    logits = logits.masked_fill(~visible, float("-inf"))
+    kappa = torch.exp(logits - logits.amax(-1, keepdim=True))  # the kernel up to a per-query constant
+    return (kappa @ v) / kappa.sum(-1, keepdim=True)

@@ -1,0 +1,74 @@
+"""LightningModule: next-token cross-entropy, AdamW with the recipe's warmup + cosine schedule."""
+
+import math
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+from ..errors import UserError
+
+
+def warmup_cosine(step: int, total: int, warmup_fraction: float, peak: float, end: float) -> float:
+    """Multiplier of the peak LR: linear warmup over `warmup_fraction` of `total`, cosine to `end`."""
+    warmup = max(1, int(warmup_fraction * total))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return (end + 0.5 * (peak - end) * (1 + math.cos(math.pi * progress))) / peak
+
+
+class LitLM(L.LightningModule):
+    """Wraps a `LanguageModel` built from `model_cfg`. Hyper-parameters (the model config, recipe and
+    tokenizer spec) are saved in every checkpoint, so `LitLM.load_from_checkpoint` rebuilds it."""
+
+    def __init__(self, model_cfg: dict, recipe: dict, vocab_size: int, tokenizer: dict, max_steps: int = 1,
+                 config: dict | None = None):
+        super().__init__()
+        self.save_hyperparameters()
+        self.model = instantiate(model_cfg, vocab_size=vocab_size)
+        self.recipe, self.max_steps = recipe, max_steps
+        self.tokens_seen = 0
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def loss(self, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        logits = self.model(batch[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction=reduction)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self.loss(batch)
+        if not torch.isfinite(loss):
+            raise UserError(f"non-finite training loss ({loss.item()}) at step {self.global_step}; the last good "
+                            "checkpoint is kept in the run's checkpoints/ folder; lower the learning rate")
+        self.tokens_seen += batch[:, 1:].numel() * self.trainer.world_size
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/tokens", float(self.tokens_seen))
+        return loss
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        for block in self.model.blocks:  # e.g. TTT-MLP's inner-LR warmup over the outer warmup
+            if hasattr(block, "on_train_step"):
+                block.on_train_step(self.global_step, int(self.recipe["warmup_fraction"] * self.max_steps))
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val/loss", self.loss(batch), prog_bar=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        r = self.recipe
+        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": r["optimizer"]["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=r["lr"], betas=tuple(r["optimizer"]["betas"]), eps=r["optimizer"]["eps"])
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: warmup_cosine(s, self.max_steps, r["warmup_fraction"], r["lr"], r["min_lr"]))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["tokens_seen"] = self.tokens_seen
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokens_seen = checkpoint.get("tokens_seen", 0)
