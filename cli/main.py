@@ -2,10 +2,15 @@
 the library. `train` and `eval` are Hydra apps (overrides, --multirun, --cfg job, --help)."""
 
 import argparse
+import contextlib
+import difflib
+import os
 import shutil
 import sys
 import warnings
 from pathlib import Path
+
+from omegaconf.errors import OmegaConfBaseException
 
 from ttt_bench.errors import UserError
 
@@ -24,17 +29,40 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def did_you_mean(word: str, options, prefix: str = "") -> str:
+    options = sorted(str(o) for o in options)
+    hint = difflib.get_close_matches(word, options, n=1)
+    return f"; did you mean '{prefix}{hint[0]}'?" if hint else f"; use one of: {', '.join(options)}"
+
+
 def one_line(e: BaseException) -> str:
     """The most specific line of an exception (Hydra wraps instantiation errors in several lines)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("full_key")]
+    if e.__cause__ is not None and not isinstance(e.__cause__, OmegaConfBaseException):
+        e = e.__cause__  # e.g. the model's ValueError inside Hydra's InstantiationException
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith(("full_key", "object_type"))]
     return lines[-1] if lines else type(e).__name__
+
+
+def composition_error(e: Exception) -> str:
+    """One line for an error composing the config from the command line, with a "did you mean"."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = e.__cause__
+    if isinstance(e, MissingConfigException) and e.options:  # model=transfomer
+        group, _, name = e.missing_cfg_file.rpartition("/")
+        return f"unknown {group} '{name}'" + did_you_mean(name, e.options)
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.parent_node is not None:  # data.seq_lenn=64
+        parent = cause.full_key.rpartition(".")[0]
+        return (f"unknown config key '{cause.full_key}'" + did_you_mean(str(cause.key), cause.parent_node.keys(),
+                f"{parent}." if parent else "") + " (add a new key with +key=value)")
+    return f"bad override: {one_line(e)}"
 
 
 def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import InstantiationException
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.errors import HydraException, InstantiationException
 
     import ttt_bench.config  # noqa: F401  (registers resolvers)
 
@@ -45,10 +73,20 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
         except (UserError, InstantiationException, OmegaConfBaseException, ValueError) as e:
             if not any(run_dir.glob("checkpoints/*.ckpt")):  # never leave a half-written run folder
                 shutil.rmtree(run_dir, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    run_dir.parent.rmdir()  # runs/<run_name>/ when this was its only run
             fail(one_line(e))
 
     sys.argv = [f"ttt-bench {command}", *args]
-    hydra.main(config_path="pkg://ttt_bench.conf", config_name=config_name, version_base="1.3")(app)()
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us instead of Hydra's multi-line report
+    try:
+        hydra.main(config_path="pkg://ttt_bench.conf", config_name=config_name, version_base="1.3")(app)()
+    except (HydraException, OmegaConfBaseException) as e:
+        fail(composition_error(e))
+    finally:
+        if full_error is None:
+            del os.environ["HYDRA_FULL_ERROR"]
 
 
 def cmd_train(args: list[str]) -> None:
@@ -110,10 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
-        import difflib
-
-        hint = difflib.get_close_matches(command, SUBCOMMANDS, n=1)
-        fail(f"unknown subcommand '{command}'" + (f"; did you mean '{hint[0]}'?" if hint else f"; use one of {', '.join(SUBCOMMANDS)}"))
+        fail(f"unknown subcommand '{command}'" + did_you_mean(command, SUBCOMMANDS))
     try:
         dispatch(command, rest)
     except UserError as e:

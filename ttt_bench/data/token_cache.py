@@ -76,9 +76,16 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str, num_p
     stats = ReadStats()
     datasets.disable_progress_bars()
     with tempfile.TemporaryDirectory(dir=folder) as hf_cache:
-        docs = datasets.Dataset.from_generator(_documents, gen_kwargs={"corpus": corpus, "split": split, "stats": stats},
-                                               cache_dir=hf_cache)
-        if len(docs) == 0:
+        try:
+            docs = datasets.Dataset.from_generator(_documents, cache_dir=hf_cache,
+                                                   gen_kwargs={"corpus": corpus, "split": split, "stats": stats})
+        except datasets.exceptions.DatasetGenerationError as e:
+            if isinstance(e.__cause__, UserError):  # e.g. a bad line with data.corpus.on_bad_line=error
+                raise e.__cause__ from None
+            if stats.documents:
+                raise
+            docs = None  # datasets cannot build an empty dataset
+        if not docs:
             raise UserError(f"the corpus has no documents in its '{split}' split ({stats.report()}); "
                             "check data.corpus paths and filters")
         spec_json = json.dumps(tokenizer.spec, sort_keys=True)

@@ -1,16 +1,41 @@
-"""Loading checkpoints for eval and generate, with clear errors."""
+"""Checkpoints: atomic writes for Lightning, loading for eval and generate, and choosing the checkpoint to
+resume from, with clear errors naming the file."""
 
+import logging
 from pathlib import Path
 
 import torch
+from lightning.fabric.plugins.io import TorchCheckpointIO
 
 from ..data.tokenizers import from_spec
 from ..errors import UserError
+from ..io import atomic_file
+from .faults import kill_self
 from .module import LitLM
 
+log = logging.getLogger(__name__)
 
-def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[LitLM, object]:
-    """The trained module and its tokenizer from a Lightning checkpoint written by `ttt-bench train`."""
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writes (step-*.ckpt and last.ckpt) go through a temporary file and a rename, so a
+    crash mid-write leaves the previous file whole. `kill_in_write_at_step` is the test-only fault hook
+    `fault.kill_during=checkpoint_write` (faults.py): die halfway through writing the checkpoint of that step."""
+
+    def __init__(self, kill_in_write_at_step: int | None = None):
+        super().__init__()
+        self.kill_in_write_at_step = kill_in_write_at_step
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        with atomic_file(path) as f:
+            torch.save(checkpoint, f)
+            if checkpoint.get("global_step") == self.kill_in_write_at_step:
+                f.flush()
+                f.truncate(f.tell() // 2)
+                kill_self()
+
+
+def read_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:
+    """The contents of a checkpoint written by `ttt-bench train`, or a UserError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass the .ckpt file of a run (runs/<run>/checkpoints/last.ckpt)")
@@ -19,9 +44,47 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[LitLM,
     except Exception as e:
         raise UserError(f"checkpoint {path} is unreadable ({type(e).__name__}): truncated or not a checkpoint; "
                         "use another one from the run's checkpoints/ folder") from None
-    hp = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
-    if "model_cfg" not in hp:
+    if "model_cfg" not in (ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}):
         raise UserError(f"{path} was not written by ttt-bench train (no model config inside)")
+    return ckpt
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def find_resume_checkpoint(ckpt_path: str | None, run_dir: Path, model_cfg: dict) -> tuple[str, dict] | None:
+    """The checkpoint to resume training from and its contents: `ckpt_path` if given, else the newest readable
+    checkpoint of the run folder (last.ckpt, or a step-*.ckpt when last.ckpt is truncated or corrupt)."""
+    if ckpt_path:
+        found = str(ckpt_path), read_checkpoint(ckpt_path)
+    else:
+        files = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        found = None
+        for path in files:
+            try:
+                found = str(path), read_checkpoint(path)
+                break
+            except UserError as e:
+                log.warning("%s; trying the previous checkpoint", e)
+        if found is None:
+            return None
+    theirs, ours = _flat(found[1]["hyper_parameters"]["model_cfg"]), _flat(model_cfg)
+    diff = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
+    if diff:
+        raise UserError(f"checkpoint {found[0]} holds another model ({', '.join(f'{k}={theirs.get(k)}' for k in diff[:4])}, "
+                        f"this run has {', '.join(f'{k}={ours.get(k)}' for k in diff[:4])}); use the model/size overrides "
+                        "it was trained with, or another ckpt_path")
+    return found
+
+
+def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[LitLM, object]:
+    """The trained module and its tokenizer from a Lightning checkpoint written by `ttt-bench train`."""
+    ckpt = read_checkpoint(path, map_location)
+    hp = ckpt["hyper_parameters"]
     try:
         module = LitLM(**hp)
         module.load_state_dict(ckpt["state_dict"])

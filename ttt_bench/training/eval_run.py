@@ -6,6 +6,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..errors import UserError
 from ..io import write_json
 from .checkpoint import load_checkpoint
 from .evaluate import bits_per_byte, evaluate, save_token_index
@@ -14,6 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
+    if OmegaConf.is_missing(cfg, "ckpt_path"):
+        raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
     module, _ = load_checkpoint(cfg.ckpt_path, map_location=cfg.device)
     hp = module.hparams
     data_cfg = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True) if cfg.get("data") else hp["config"]["data"])

@@ -1,13 +1,17 @@
 """LightningModule: next-token cross-entropy, AdamW with the recipe's warmup + cosine schedule."""
 
+import logging
 import math
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
+from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
 
 from ..errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def warmup_cosine(step: int, total: int, warmup_fraction: float, peak: float, end: float) -> float:
@@ -21,15 +25,21 @@ def warmup_cosine(step: int, total: int, warmup_fraction: float, peak: float, en
 
 class LitLM(L.LightningModule):
     """Wraps a `LanguageModel` built from `model_cfg`. Hyper-parameters (the model config, recipe and
-    tokenizer spec) are saved in every checkpoint, so `LitLM.load_from_checkpoint` rebuilds it."""
+    tokenizer spec) are saved in every checkpoint, so `LitLM.load_from_checkpoint` rebuilds it.
+
+    `nonfinite`: what a NaN/inf loss or gradient does: `stop` the run (UserError with the step; the last good
+    checkpoint stays) or `skip` the optimizer update of that step (counted in `skipped_steps`, logged)."""
 
     def __init__(self, model_cfg: dict, recipe: dict, vocab_size: int, tokenizer: dict, max_steps: int = 1,
-                 config: dict | None = None):
+                 config: dict | None = None, nonfinite: str = "stop"):
         super().__init__()
+        if nonfinite not in ("stop", "skip"):
+            raise UserError(f"nonfinite must be 'stop' or 'skip', got '{nonfinite}'")
         self.save_hyperparameters()
         self.model = instantiate(model_cfg, vocab_size=vocab_size)
-        self.recipe, self.max_steps = recipe, max_steps
-        self.tokens_seen = 0
+        self.recipe, self.max_steps, self.nonfinite = recipe, max_steps, nonfinite
+        self.tokens_seen = self.skipped_steps = 0
+        self._resume_rng_states = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
@@ -41,14 +51,31 @@ class LitLM(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch)
         if not torch.isfinite(loss):
-            raise UserError(f"non-finite training loss ({loss.item()}) at step {self.global_step}; the last good "
-                            "checkpoint is kept in the run's checkpoints/ folder; lower the learning rate")
+            self._nonfinite(f"training loss ({loss.item()})")
+            return None  # skip: Lightning does no backward and no update for this batch
         self.tokens_seen += batch[:, 1:].numel() * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/tokens", float(self.tokens_seen))
         return loss
 
+    def _nonfinite(self, what: str) -> None:
+        step = self.global_step + 1  # 1-based, as in losses.csv
+        if self.nonfinite == "stop":
+            raise UserError(f"non-finite {what} at step {step}; the last good checkpoint is kept in the run's "
+                            "checkpoints/ folder; lower the learning rate, or set nonfinite=skip to skip such steps")
+        self.skipped_steps += 1
+        log.warning("non-finite %s at step %d: update skipped (%d so far)", what, step, self.skipped_steps)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads and not torch.isfinite(torch.stack([g.abs().max() for g in grads])).all():
+            self._nonfinite("gradient")
+            optimizer.zero_grad(set_to_none=True)  # skip: AdamW leaves parameters without gradients as they are
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self._resume_rng_states is not None:  # exactly where the interrupted run was (see on_save_checkpoint)
+            _set_rng_states(self._resume_rng_states)
+            self._resume_rng_states = None
         for block in self.model.blocks:  # e.g. TTT-MLP's inner-LR warmup over the outer warmup
             if hasattr(block, "on_train_step"):
                 block.on_train_step(self.global_step, int(self.recipe["warmup_fraction"] * self.max_steps))
@@ -68,7 +95,11 @@ class LitLM(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["tokens_seen"], checkpoint["skipped_steps"] = self.tokens_seen, self.skipped_steps
+        # Checkpoints are written after a step; the RNG states are restored before the next one on resume.
+        checkpoint["rng_states"] = _collect_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokens_seen = checkpoint.get("tokens_seen", 0)
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        self._resume_rng_states = checkpoint.get("rng_states")

@@ -3,7 +3,7 @@
 Run folder layout (Hydra's output dir):
     .hydra/config.yaml       resolved config            checkpoints/last.ckpt, step-*.ckpt
     metrics.csv              per-step CSV log           metrics.json   final summary
-    token_index.csv          final token-index losses
+    token_index.csv          final token-index losses   losses.csv     loss of every optimizer step (crash-safe)
 """
 
 import logging
@@ -13,13 +13,15 @@ from pathlib import Path
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
-from ..io import write_json
+from ..io import write_atomic, write_json
+from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint
 from .evaluate import bits_per_byte, evaluate, save_token_index
+from .faults import KillDuringStep
 from .module import LitLM
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,60 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     return {"sequences_per_step": sequences, "accumulate": sequences // per_step, "tokens_per_step": sequences * seq_len}
 
 
+class LossLog(Callback):
+    """Appends `step,loss` (each optimizer step's mean loss, exact float32 value) to losses.csv as training goes,
+    flushed every step, so the losses of a crashed run survive; on resume, rows after its checkpoint are dropped."""
+
+    def __init__(self, path: Path):
+        self.path, self.step, self.total = path, 0, 0.0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step, self.total = trainer.global_step, 0.0
+        rows = self.path.read_text().splitlines()[1:] if self.path.is_file() else []
+        kept = [r for r in rows if int(r.split(",")[0]) <= self.step]
+        write_atomic(self.path, "\n".join(["step,loss", *kept]) + "\n")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if outputs is not None:  # None: a skipped non-finite batch
+            self.total += outputs["loss"].item()  # already divided by the accumulation factor
+        if trainer.global_step != self.step:
+            self.step = trainer.global_step
+            with self.path.open("a") as f:
+                f.write(f"{self.step},{self.total!r}\n")
+            self.total = 0.0
+
+
+# Settings that must be positive integers / numbers (checked when present), with an example value each.
+POSITIVE_INTS = {"data.seq_len": 512, "data.micro_batch_size": 8, "recipe.tokens_per_batch": 16384,
+                 "trainer.max_steps": 1000, "size.d_model": 768, "size.n_layers": 12, "size.n_heads": 12,
+                 "size.mlp_hidden": 2048, "checkpoint_every_n_steps": 100, "eval_every_n_steps": 100}
+POSITIVE_NUMBERS = {"recipe.lr": 3e-3, "recipe.grad_clip": 1.0}
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Wrong types, sizes and combinations, caught before any data is prepared."""
+    for key, example in {**POSITIVE_INTS, **POSITIVE_NUMBERS}.items():
+        value = OmegaConf.select(cfg, key)
+        number = int if key in POSITIVE_INTS else (int, float)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, number) or value <= 0):
+            kind = "a positive integer" if key in POSITIVE_INTS else "a positive number"
+            raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
+    if cfg.size.d_model % cfg.size.n_heads:
+        raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
+                        "pick a number of heads that divides the width")
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine has none; "
+                        "use trainer=cpu (the default)")
+    seq_len, max_len = cfg.data.seq_len, cfg.model.get("max_seq_len")
+    if max_len is not None and seq_len > max_len:
+        raise UserError(f"data.seq_len={seq_len} is above the model's maximum context model.max_seq_len={max_len}; "
+                        "use a shorter data.seq_len or raise model.max_seq_len")
+    mini_batch = cfg.model.get("block", {}).get("mini_batch_size")
+    if mini_batch is not None and not 1 <= mini_batch <= seq_len:
+        raise UserError(f"model.block.mini_batch_size={mini_batch} must be between 1 and the context "
+                        f"data.seq_len={seq_len}; e.g. model.block.mini_batch_size=16")
+
+
 def build_data(cfg: DictConfig):
     dm = instantiate(cfg.data)
     dm.prepare_data()
@@ -51,46 +107,41 @@ def build_module(cfg: DictConfig, dm) -> LitLM:
     return LitLM(model_cfg=OmegaConf.to_container(cfg.model, resolve=True),
                  recipe=OmegaConf.to_container(cfg.recipe, resolve=True), vocab_size=dm.vocab_size,
                  tokenizer=dm.build_tokenizer().spec, max_steps=int(cfg.trainer.max_steps),
-                 config=OmegaConf.to_container(cfg, resolve=True))
-
-
-def find_resume_checkpoint(cfg: DictConfig, run_dir: Path) -> str | None:
-    if cfg.ckpt_path:
-        if not Path(cfg.ckpt_path).is_file():
-            raise UserError(f"ckpt_path={cfg.ckpt_path} does not exist; give the path of a .ckpt file")
-        return str(cfg.ckpt_path)
-    last = run_dir / "checkpoints" / "last.ckpt"
-    return str(last) if last.is_file() else None
+                 config=OmegaConf.to_container(cfg, resolve=True), nonfinite=cfg.nonfinite)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
+    check_config(cfg)
+    world = int(cfg.trainer.get("num_nodes", 1)) * (torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices))
+    geo = batch_geometry(cfg, max(1, world))
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg)
     module = build_module(cfg, dm)
     if cfg.trainer.accelerator == "cpu":
         torch.set_float32_matmul_precision("highest")
-    world = int(cfg.trainer.get("num_nodes", 1)) * (torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices))
-    geo = batch_geometry(cfg, max(1, world))
+    fault = cfg.get("fault") or {}  # test-only fault injection, see faults.py
+    kill_step, kill_during = fault.get("kill_at_step"), fault.get("kill_during", "step")
     callbacks = [
         ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
                         every_n_train_steps=cfg.checkpoint_every_n_steps, save_last=True, save_top_k=-1),
-        LearningRateMonitor(logging_interval="step"),
+        LearningRateMonitor(logging_interval="step"), LossLog(run_dir / "losses.csv"),
+        *([KillDuringStep(kill_step)] if kill_step and kill_during == "step" else []),
     ]
+    checkpoint_io = AtomicCheckpointIO(kill_step if kill_during == "checkpoint_write" else None)
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=CSVLogger(run_dir, name="", version=""),
                           default_root_dir=run_dir, accumulate_grad_batches=geo["accumulate"],
                           val_check_interval=cfg.eval_every_n_steps * geo["accumulate"], check_val_every_n_epoch=None,
-                          use_distributed_sampler=False)
+                          use_distributed_sampler=False, plugins=[checkpoint_io])
     dm.samples_per_step = geo["sequences_per_step"]
-    resume = find_resume_checkpoint(cfg, run_dir)
+    found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
+    resume, tokens_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
+    del found  # the trainer loads it again
     log.info("model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
              cfg.model.name, module.model.num_params(False) / 1e6, module.model.num_params() / 1e6,
              cfg.trainer.max_steps, geo["tokens_per_step"], geo["accumulate"], f"; resuming {resume}" if resume else "")
-    tokens_before = 0
     start = time.perf_counter()
-    if resume:
-        tokens_before = torch.load(resume, map_location="cpu", weights_only=False).get("tokens_seen", 0)
-    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # our own checkpoints (RNG states)
     wall = time.perf_counter() - start
 
     result = evaluate(module.model, dm.val_dataset(), batch_size=cfg.data.micro_batch_size)
@@ -100,7 +151,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "status": "finished", "model": cfg.model.name, "size": cfg.size.name, "data": cfg.data.name,
         "seq_len": cfg.data.seq_len, "params": module.model.num_params(False),
         "non_embedding_params": module.model.num_params(), "steps": trainer.global_step,
-        "tokens_seen": tokens_seen, "wall_time_s": round(wall, 2),
+        "tokens_seen": tokens_seen, "skipped_steps": module.skipped_steps, "wall_time_s": round(wall, 2),
         "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1), **result,
         "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()), "train_flops": None,
         "run_dir": str(run_dir),

@@ -116,8 +116,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
     u, delta, z: [b, l, d]; A: [d, n]; B, C: [b, l, n]; D, delta_bias: [d]; initial_state: [b, d, n].
     chunk_size: tokens per chunk, default ~sqrt(l). Returns y [b, l, d] (and the last state [b, d, n]
-    with return_last_state). Computes in float32
-    (float64 for float64 inputs) and returns u's dtype.
+    with return_last_state). Computes in float32 (float64 for float64 inputs), returns u's dtype.
     """
     out_dtype, dtype = u.dtype, torch.promote_types(u.dtype, torch.float32)
     u, delta, A, B, C = (x.to(dtype) for x in (u, delta, A, B, C))

@@ -103,11 +103,12 @@ def scan(step, params: Params, inputs: tuple, checkpoint_every: int = 0):
     mini-batches is recomputed during backward.
     """
     N = inputs[0].shape[2]
+    per_step = list(zip(*(x.unbind(2) for x in inputs)))  # one backward for all slices, not one per slice
 
     def run(lo, hi, *params):
         outs = []
         for n in range(lo, hi):
-            out, params = step(params, *(x[:, :, n] for x in inputs))
+            out, params = step(params, *per_step[n])
             outs.append(out)
         return (torch.stack(outs, 2), *params)
 

@@ -1,0 +1,125 @@
+import json
+import time
+
+import numpy as np
+import pytest
+import zstandard
+
+from ttt_bench.data import LMDataModule, LocalCorpus, SyntheticCorpus
+from ttt_bench.data.datamodule import EpochShuffleSampler, PackedSequences
+from ttt_bench.data.synthetic import SyntheticLanguage, generate_document
+from ttt_bench.data.tokenizers import ByteTokenizer, from_spec
+from ttt_bench.errors import UserError
+
+
+def write_shard(path, records):
+    lines = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records)
+    path.write_bytes(zstandard.ZstdCompressor().compress(lines))
+    return str(path)
+
+
+def test_synthetic_is_deterministic_fast_and_long_range():
+    lang = SyntheticLanguage(seed=0)
+    a = generate_document(lang, 0, "train", 3)
+    assert a == generate_document(SyntheticLanguage(seed=0), 0, "train", 3)
+    assert a != generate_document(lang, 0, "validation", 3)
+    start = time.perf_counter()
+    n = sum(len(generate_document(lang, 0, "train", i)) for i in range(60))
+    assert n / (time.perf_counter() - start) > 5e6  # >= 10 MB/s on an idle core; loose bound for noisy CI
+    # long-range structure: facts about document-specific entities recur far apart
+    facts = [s for s in a.split(". ") if "holds the code" in s]
+    assert len(facts) > len(set(facts)) > 0
+
+
+def test_byte_tokenizer_roundtrip():
+    tok = ByteTokenizer()
+    text = "héllo, wörld"
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.eos_id == 256 and tok.vocab_size == 257
+
+
+def test_packing_puts_eos_between_documents_and_covers_every_token(tmp_path):
+    shard = write_shard(tmp_path / "t.jsonl.zst", [{"text": "abc"}, {"text": "defg"}])
+    dm = LMDataModule(LocalCorpus(train_files=shard, validation_files=shard), {"kind": "byte"}, seq_len=3,
+                      micro_batch_size=1, cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    tokens = np.asarray(dm.tokens["train"])
+    assert tokens.tolist() == [97, 98, 99, 256, 100, 101, 102, 103, 256]
+    ds = PackedSequences(tokens, seq_len=3)
+    assert len(ds) == 2
+    # windows of L+1 overlap by one token, so each token is a target exactly once
+    assert ds[0].tolist() == [97, 98, 99, 256] and ds[1].tolist() == [256, 100, 101, 102]
+
+
+def test_token_cache_is_reused_and_keyed_by_tokenizer(tmp_path):
+    corpus = SyntheticCorpus(train_docs=3, validation_docs=1, mean_doc_bytes=2000)
+    dm = LMDataModule(corpus, {"kind": "byte"}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+    dm.prepare_data()
+    folders = list((tmp_path / "tokens").iterdir())
+    mtime = (folders[0] / "train.bin").stat().st_mtime_ns
+    dm2 = LMDataModule(corpus, {"kind": "byte"}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+    dm2.prepare_data()
+    assert (folders[0] / "train.bin").stat().st_mtime_ns == mtime  # read from cache, not rebuilt
+    np.testing.assert_array_equal(dm.tokens["train"], dm2.tokens["train"])
+    dm3 = LMDataModule(corpus, {"kind": "bpe", "vocab_size": 300}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+    dm3.prepare_data()
+    assert len(list((tmp_path / "tokens").iterdir())) == 2  # another tokenizer, another cache
+    assert dm3.vocab_size == 300 and len(dm3.tokens["train"]) < len(dm.tokens["train"])
+    tok = from_spec(dm3.build_tokenizer().spec)  # the spec (saved in checkpoints) rebuilds the same BPE
+    text = "Zepibi holds the code 1350-5789."
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_train_and_validation_are_disjoint(tmp_path):
+    docs = [{"text": f"document number {i} " * 5} for i in range(400)]
+    shard = write_shard(tmp_path / "all.jsonl.zst", docs)
+    corpus = LocalCorpus(train_files=shard, val_fraction=0.1)
+    train, val = list(corpus.documents("train")), list(corpus.documents("validation"))
+    assert set(train).isdisjoint(val) and len(train) + len(val) == 400 and 20 <= len(val) <= 70
+    assert val == list(corpus.documents("validation"))  # deterministic
+
+
+def test_pile_format_filter_bad_lines_and_non_utf8(tmp_path):
+    shard = write_shard(tmp_path / "p.jsonl.zst", [
+        {"text": "a book", "meta": {"pile_set_name": "Books3"}},
+        {"text": "some code", "meta": {"pile_set_name": "Github"}},
+        b"{not json",
+        {"meta": {"pile_set_name": "Books3"}},
+        b'{"text": "caf\xe9 latin-1", "meta": {"pile_set_name": "Books3"}}',
+    ])
+    from ttt_bench.data.corpora import ReadStats
+
+    stats = ReadStats()
+    docs = list(LocalCorpus(train_files=shard, validation_files=shard, pile_set_names=["Books3"]).documents("train", stats))
+    assert docs == ["a book", "caf\ufffd latin-1"]
+    assert (stats.filtered_out, stats.bad_lines, stats.missing_text, stats.non_utf8_documents) == (1, 1, 1, 1)
+    with pytest.raises(UserError, match="not a JSON object"):
+        list(LocalCorpus(train_files=shard, validation_files=shard, on_bad_line="error").documents("train"))
+
+
+def test_missing_files_and_too_small_corpus_are_clear_errors(tmp_path):
+    with pytest.raises(UserError, match="no files match"):
+        LocalCorpus(train_files=str(tmp_path / "nothing*.jsonl.zst")).fingerprint()
+    shard = write_shard(tmp_path / "small.jsonl.zst", [{"text": "tiny"}])
+    dm = LMDataModule(LocalCorpus(train_files=shard, validation_files=shard), {"kind": "byte"}, seq_len=64,
+                      micro_batch_size=1, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(UserError, match="fewer than one sequence"):
+        dm.prepare_data()
+
+
+def test_sampler_resumes_mid_stream_and_splits_ranks():
+    full = EpochShuffleSampler(10, seed=1)
+    stream = [i for _, i in zip(range(35), full)]
+    assert sorted(stream[:10]) == list(range(10)) and stream[:10] != stream[10:20]
+    resumed = [i for _, i in zip(range(12), EpochShuffleSampler(10, seed=1, start=23))]
+    assert resumed == stream[23:35]
+    r0 = [i for _, i in zip(range(5), EpochShuffleSampler(10, seed=1, rank=0, world_size=2))]
+    r1 = [i for _, i in zip(range(5), EpochShuffleSampler(10, seed=1, rank=1, world_size=2))]
+    assert r0 == stream[0:10:2] and r1 == stream[1:10:2]
+
+
+def test_real_pile_mini_reads(shared_data, tmp_path):
+    corpus = LocalCorpus(train_files=str(shared_data / "pile-mini" / "train.jsonl.zst"), max_documents=20,
+                         pile_set_names=["Github"])
+    docs = list(corpus.documents("train"))
+    assert len(docs) == 20 and all(isinstance(d, str) and d for d in docs)

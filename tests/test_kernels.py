@@ -1,0 +1,124 @@
+"""Triton kernels vs the PyTorch TTT layer: outputs and gradients in float32 (docs/speed.md).
+
+On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before triton is imported);
+on CUDA the same tests run natively.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
+
+from ttt_bench.kernels import use_triton  # noqa: E402
+from ttt_bench.kernels.ttt_decode import reference as decode_reference  # noqa: E402
+from ttt_bench.kernels.ttt_decode import ttt_linear_decode  # noqa: E402
+from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
+from ttt_bench.models.ttt import forms  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = 1e-4  # relative to the largest entry: float32 with reductions over a few hundred terms
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def dual_inputs(B=2, H=2, N=3, b=16, f=16, seed=0):
+    """Random TTT-Linear inputs with every weight off its init: eta in [0, 0.3), LN weight around 1."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(DEVICE)
+    eta = (0.3 * torch.rand(B, H, N, b, b, generator=g)).to(DEVICE)
+    return [r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta, r(B, H, f, f, scale=0.3),
+            r(B, H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+
+
+NAMES = ("XQ", "XK", "XV", "eta", "W", "b", "ln_weight", "ln_bias")
+
+
+def test_dual_forward_matches_pytorch():
+    inputs = dual_inputs()
+    with torch.no_grad():  # the inference path: no per-mini-batch weights kept
+        ours, ref = ttt_linear_dual(*inputs), forms.ttt_linear_dual(*inputs)
+    for name, a, b in zip(("Z", "W_last", "b_last"), ours, ref):
+        assert a.shape == b.shape and rel_err(a, b) < TOL, name
+
+
+@pytest.mark.parametrize("with_state_grads", [True, False])
+def test_dual_gradients_match_pytorch(with_state_grads):
+    """Gradients to every input, through the N-step recurrence; without state grads the backward gets None
+    for W_last and b_last (the training case: only Z is used)."""
+    inputs = [t.requires_grad_() for t in dual_inputs(N=4, seed=1)]
+    g = torch.Generator().manual_seed(2)
+    cot = None
+    grads = []
+    for fn in (ttt_linear_dual, forms.ttt_linear_dual):
+        Z, W_last, b_last = fn(*inputs)
+        cot = cot or [torch.randn(t.shape, generator=g).to(DEVICE) for t in (Z, W_last, b_last)]
+        loss = (Z * cot[0]).sum() + ((W_last * cot[1]).sum() + (b_last * cot[2]).sum() if with_state_grads else 0)
+        grads.append(torch.autograd.grad(loss, inputs))
+    for name, a, b in zip(NAMES, *grads):
+        assert rel_err(a, b) < TOL, name
+
+
+def test_dual_larger_head_dim():
+    """f=32, b=16: non-square tiles in every matmul."""
+    inputs = [t.requires_grad_() for t in dual_inputs(B=1, H=1, N=2, f=32, seed=3)]
+    grads = [torch.autograd.grad(fn(*inputs)[0].square().sum(), inputs)
+             for fn in (ttt_linear_dual, forms.ttt_linear_dual)]
+    for name, a, b in zip(NAMES, *grads):
+        assert rel_err(a, b) < TOL, name
+
+
+def decode_inputs(B=2, H=3, f=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(DEVICE)
+    return [r(B, H, 1, f), r(B, H, 1, f), r(B, H, 1, f), (0.1 * torch.rand(B, H, generator=g)).to(DEVICE),
+            torch.tensor(0.3, device=DEVICE), r(B, H, f, f, scale=0.3), r(B, H, 1, f, scale=0.3),
+            r(B, H, f, f, scale=0.1), r(B, H, 1, f, scale=0.1), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+
+
+def test_decode_matches_pytorch_with_gradients():
+    inputs = [t.requires_grad_() for t in decode_inputs()]
+    z, sw, sb = ttt_linear_decode(*inputs)
+    z_ref, (sw_ref, sb_ref) = decode_reference(*inputs)
+    for name, a, b in (("z", z, z_ref), ("sums_W", sw, sw_ref), ("sums_b", sb, sb_ref)):
+        assert a.shape == b.shape and rel_err(a, b) < TOL, name
+    grads = [torch.autograd.grad((o.sin().sum() + s.sum()), inputs) for o, s in ((z, sw), (z_ref, sw_ref))]
+    for a, b in zip(*grads):
+        assert rel_err(a, b) < TOL
+
+
+def test_decode_token_by_token_equals_dual_mini_batch():
+    """b decode steps from W_{t'} reproduce the dual form over that mini-batch, and W_b = W_{t'} - te[b-1] S."""
+    B, H, b, f = 1, 2, 16, 16
+    g = torch.Generator().manual_seed(4)
+    XQ, XK, XV, _, W, bias, lnw, lnb = dual_inputs(B, H, 1, b, f, seed=5)
+    lr = (0.1 * torch.rand(B, H, b, generator=g)).to(DEVICE)
+    te = 1.0 / torch.arange(1, b + 1, device=DEVICE)
+    eta = (te[:, None] * lr[..., None, :]).unsqueeze(2)  # eta[t, s] = te[t] lr[s], [B, H, 1, b, b]
+    Z, W_last, b_last = forms.ttt_linear_dual(XQ, XK, XV, eta, W, bias, lnw, lnb)
+    sw, sb = torch.zeros_like(W), torch.zeros_like(bias)
+    for t in range(b):
+        tok = lambda x: x[:, :, 0, t : t + 1]
+        z, sw, sb = ttt_linear_decode(tok(XQ), tok(XK), tok(XV), lr[..., t], te[t], W, bias, sw, sb, lnw, lnb)
+        assert rel_err(z, tok(Z)) < TOL, t
+    assert rel_err(W - te[-1] * sw, W_last) < TOL and rel_err(bias - te[-1] * sb, b_last) < TOL
+
+
+def test_selection_and_domain(monkeypatch):
+    x = torch.zeros(1, 1, 1, 16, 16)
+    assert use_triton(x, "triton") and not use_triton(x, "torch")
+    assert use_triton(x) == x.is_cuda
+    assert not use_triton(x.to(DEVICE), "auto") or DEVICE == "cuda"
+    monkeypatch.setenv("TTT_BENCH_KERNELS", "torch")
+    assert not use_triton(x.to(DEVICE))
+    with pytest.raises(ValueError, match="backend"):
+        use_triton(x, "cuda")
+    lnw = torch.ones(1, 1, 16)
+    assert supported(x, lnw, lnw)
+    assert not supported(x, None, lnw) and not supported(x, lnw, None)  # no bias / no LN: PyTorch path
+    assert not supported(torch.zeros(1, 1, 1, 16, 12), lnw, lnw) and not supported(x.double(), lnw, lnw)

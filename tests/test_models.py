@@ -1,0 +1,63 @@
+"""Model-level tests that hold for every registered model (conf/model/*.yaml)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from ttt_bench.config import compose
+
+MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml"))
+NOMINAL = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}
+# Table 3 "reproduces Table 12 of the Mamba paper", whose counts use a GPT-NeoX-sized vocabulary.
+PAPER_VOCAB = 50277
+
+
+def tiny_model(name: str, **overrides) -> torch.nn.Module:
+    cfg = compose("train", [f"model={name}", "size=xs", "data.seq_len=64",
+                            *[f"{k}={v}" for k, v in overrides.items()]])
+    torch.manual_seed(0)
+    return instantiate(cfg.model, vocab_size=97).double().eval()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_causal(name):
+    """Changing token t never changes the outputs before t."""
+    model = tiny_model(name)
+    x = torch.randint(0, 97, (2, 40))
+    y = x.clone()
+    y[:, 23] = (y[:, 23] + 1) % 97
+    a, b = model(x), model(y)
+    assert torch.allclose(a[:, :23], b[:, :23], atol=1e-10)
+    assert not torch.allclose(a[:, 23:], b[:, 23:])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_decode_matches_full_forward(name):
+    """Prefill a prompt, then decode token by token from the cache: same logits as one forward pass."""
+    model = tiny_model(name)
+    x = torch.randint(0, 97, (2, 37))
+    full = model(x)
+    caches = model.init_caches(2)
+    steps = [model(x[:, :19], caches)] + [model(x[:, t : t + 1], caches) for t in range(19, 37)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("size", list(NOMINAL))
+@pytest.mark.parametrize("name", [m for m in MODELS if m != "linear_attention"])
+def test_paper_sizes_have_nominal_parameter_counts(name, size):
+    cfg = compose("train", [f"model={name}", f"size={size}", "data.seq_len=2048"])
+    with torch.device("meta"):
+        model = instantiate(cfg.model, vocab_size=PAPER_VOCAB)
+    n = sum(p.numel() for p in model.parameters())
+    assert abs(n / NOMINAL[size] - 1) <= 0.10, f"{name} {size}: {n / 1e6:.1f}M parameters"
+
+
+def test_cpu_ladder_spans_16x():
+    counts = []
+    for size in ["xs", "s", "m", "l"]:
+        with torch.device("meta"):
+            model = instantiate(compose("train", [f"size={size}"]).model, vocab_size=257)
+        counts.append(model.num_params(non_embedding=True))
+    assert counts == sorted(counts) and counts[-1] / counts[0] >= 16 and 0.1e6 < counts[0] < 0.4e6

@@ -1,0 +1,155 @@
+"""Faults survived: SIGKILL at several points of training then resume, corrupt checkpoints, atomic writes,
+non-finite losses, and token-cache integrity. CPU only, tiny configs (see the README's Reliability section)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ttt_bench.cli.main import main
+from ttt_bench.data import LMDataModule, SyntheticCorpus
+from ttt_bench.data.token_cache import cache_key, load_tokens
+from ttt_bench.io import write_json
+
+# 8 steps of 8 sequences of 64 tokens (2 micro-batches of 4 accumulated), a checkpoint every step.
+RUN = ["size=xs", "data.corpus.train_docs=20", "data.corpus.validation_docs=4", "data.corpus.mean_doc_bytes=4000",
+       "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=512", "data.num_proc=1",
+       "data.val_tokens=512", "trainer.max_steps=8", "checkpoint_every_n_steps=1", "eval_every_n_steps=1000",
+       "trainer.deterministic=true", "trainer.enable_progress_bar=false"]
+
+
+def train_in_process(*overrides: str) -> None:
+    main(["train", *RUN, *overrides])
+
+
+def train_killed(*overrides: str) -> None:
+    """A training process that SIGKILLs itself through the fault.* hook."""
+    proc = subprocess.run([sys.executable, "-m", "ttt_bench.cli.main", "train", *RUN, *overrides],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+
+
+def run_dir(runs: Path) -> Path:
+    (folder,) = runs.glob("*/*/checkpoints")
+    return folder.parent
+
+
+def final_state(folder: Path) -> dict:
+    ckpt = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    return {k: ckpt[k] for k in ("global_step", "state_dict", "optimizer_states", "lr_schedulers", "tokens_seen")}
+
+
+def assert_identical(a, b, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_kill_and_resume_is_bitwise_identical(tmp_path):
+    """Killed during step 3, during the checkpoint write of step 5, during step 7 (then last.ckpt truncated):
+    each resume with the same command reaches the parameters, optimizer and LR state, and per-step losses of an
+    uninterrupted run, bitwise. A resume from an explicit ckpt_path= does too."""
+    ref, chain, explicit = tmp_path / "ref", tmp_path / "chain", tmp_path / "explicit"
+    train_in_process(f"paths.runs={ref}")
+    reference = run_dir(ref)
+
+    train_killed(f"paths.runs={chain}", "fault.kill_at_step=3")
+    folder = run_dir(chain)
+    assert sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "step-1.ckpt", "step-2.ckpt"]
+    train_killed(f"paths.runs={chain}", "fault.kill_at_step=5", "fault.kill_during=checkpoint_write")
+    assert not (folder / "checkpoints" / "step-5.ckpt").exists()  # the half-written file never took its name
+    assert len(list((folder / "checkpoints").glob(".step-5.ckpt.*.tmp"))) == 1
+    train_killed(f"paths.runs={chain}", "fault.kill_at_step=7")
+    last = folder / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])  # as a crash of a non-atomic writer leaves it
+    train_in_process(f"paths.runs={chain}")
+
+    log = (folder / "main.log").read_text()
+    assert "last.ckpt is unreadable" in log and "resuming " + str(folder / "checkpoints" / "step-6.ckpt") in log
+    assert (folder / "losses.csv").read_text() == (reference / "losses.csv").read_text()
+    assert len((reference / "losses.csv").read_text().splitlines()) == 1 + 8
+    assert_identical(final_state(folder), final_state(reference))
+    assert json.loads((folder / "metrics.json").read_text())["val_loss"] == \
+        json.loads((reference / "metrics.json").read_text())["val_loss"]
+
+    train_in_process(f"paths.runs={explicit}", f"ckpt_path={folder / 'checkpoints' / 'step-4.ckpt'}")
+    assert_identical(final_state(run_dir(explicit)), final_state(reference))
+    rows = (run_dir(explicit) / "losses.csv").read_text().splitlines()
+    assert rows[1:] == (reference / "losses.csv").read_text().splitlines()[5:]
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_in_process(f"paths.runs={tmp_path}", "recipe.lr=1e38", "trainer.max_steps=4")
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "non-finite training loss" in err and "at step 2" in err
+    assert "nonfinite=skip" in err
+    checkpoints = run_dir(tmp_path) / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("*.ckpt")) == ["last.ckpt", "step-1.ckpt"]
+    assert torch.load(checkpoints / "step-1.ckpt", weights_only=False)["global_step"] == 1
+
+
+def test_nonfinite_skip_policy_skips_updates_and_counts_them(tmp_path):
+    train_in_process(f"paths.runs={tmp_path}", "recipe.lr=1e38", "trainer.max_steps=4", "nonfinite=skip")
+    metrics = json.loads((run_dir(tmp_path) / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and metrics["skipped_steps"] == 3 * 2  # both micro-batches of steps 2-4
+
+
+def test_atomic_write_leaves_the_previous_file_on_error(tmp_path):
+    path = tmp_path / "metrics.json"
+    write_json(path, {"a": 1})
+
+    class Unserializable:
+        def __repr__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_json(path, {"a": Unserializable()})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert os.listdir(tmp_path) == ["metrics.json"]  # no temporary file left behind
+
+
+def test_token_cache_detects_partial_truncated_and_foreign_caches(tmp_path):
+    corpus = SyntheticCorpus(train_docs=3, validation_docs=2, mean_doc_bytes=2000)
+    dm = LMDataModule(corpus, {"kind": "byte"}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+    dm.prepare_data()
+    good = np.array(dm.tokens["train"])
+    key = cache_key(corpus, dm.build_tokenizer())
+    folder = tmp_path / "tokens" / key
+    assert load_tokens(tmp_path, key, "train") is not None
+
+    with open(folder / "train.bin", "r+b") as f:  # truncated array
+        f.truncate(len(good))
+    assert load_tokens(tmp_path, key, "train") is None
+    (folder / "train.json").unlink()  # killed during preparation: the metadata is written last
+    assert load_tokens(tmp_path, key, "train") is None
+    rebuilt = LMDataModule(corpus, {"kind": "byte"}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+    rebuilt.prepare_data()
+    assert np.array_equal(np.array(rebuilt.tokens["train"]), good)
+
+    # another corpus gets another key; its metadata copied into this key's folder is not accepted
+    other = SyntheticCorpus(train_docs=4, validation_docs=2, mean_doc_bytes=2000)
+    other_key = cache_key(other, dm.build_tokenizer())
+    assert other_key != key
+    other_folder = tmp_path / "tokens" / other_key
+    other_folder.mkdir()
+    for name in ("train.bin", "train.json"):
+        (other_folder / name).write_bytes((folder / name).read_bytes())
+    assert load_tokens(tmp_path, other_key, "train") is None
+    (folder / "train.json").write_text("{not json")  # corrupt metadata
+    assert load_tokens(tmp_path, key, "train") is None

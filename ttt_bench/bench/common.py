@@ -1,0 +1,131 @@
+"""What every suite shares: device setup, timing (warm-up, repeats, median, device sync), peak memory, the
+matmul ceiling for MFU, and models built from their configs."""
+
+import argparse
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu or cuda[:i] (default: cuda when available)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls; the median is reported")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def setup(args) -> torch.device:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but torch sees no GPU; use --device cpu")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    return device
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median wall time of fn() in seconds over `repeats` calls after `warmup` calls, device synced."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def peak_memory(device: torch.device):
+    """Yields a dict whose "mb" is set on exit: on CUDA the peak allocated memory of the block; on CPU the peak
+    growth of the resident set over the block, sampled every 2 ms (Linux; None elsewhere)."""
+    out = {"mb": None}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        yield out
+        out["mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        return
+    if not os.path.exists("/proc/self/statm"):
+        yield out
+        return
+    base, peak, done = _rss_bytes(), [0], threading.Event()
+
+    def sample():
+        while not done.wait(0.002):
+            peak[0] = max(peak[0], _rss_bytes())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield out
+    finally:
+        done.set()
+        sampler.join()
+        out["mb"] = max(0, max(peak[0], _rss_bytes()) - base) / 2**20
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | None = None) -> float:
+    """The matmul ceiling of this device and dtype, measured now: 2 n^3 / median time of an n x n matmul."""
+    n = n or (8192 if device.type == "cuda" else 1024)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    seconds = time_calls(lambda: a @ b, device, warmup=2, repeats=5)
+    return 2 * n**3 / seconds / 1e12
+
+
+def model_config_exists(name: str) -> bool:
+    from ttt_bench.config import REPO_ROOT
+
+    return (REPO_ROOT / "conf" / "model" / f"{name}.yaml").is_file()
+
+
+def build_model(name: str, size: str, size_overrides: dict, vocab_size: int, seq_len: int,
+                extra: list[str] = (), device: torch.device | str = "cpu", dtype=torch.float32):
+    """A LanguageModel from conf/model/<name>.yaml and conf/size/<size>.yaml (+ size.* overrides), as training
+    builds it; on device="meta" nothing is allocated (FLOP counting)."""
+    import hydra
+
+    from ttt_bench.config import compose
+
+    overrides = [f"model={name}", f"size={size}", f"data.seq_len={seq_len}", *extra]
+    overrides += [f"size.{k}={v}" for k, v in size_overrides.items() if v is not None]
+    cfg = compose("train", overrides)
+    with torch.device(device):
+        model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
+    return model.to(dtype=dtype)
+
+
+def train_flops(model_fn: Callable[[], torch.nn.Module], batch: int, seq_len: int, vocab_size: int) -> float:
+    """Model FLOPs of one training step (forward + backward) on `batch` sequences: the matmul FLOPs that
+    torch's FlopCounterMode counts for one sequence, on the meta device (the PyTorch path of every layer,
+    without gradient checkpointing), times `batch`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = model_fn()
+    ids = torch.randint(0, vocab_size, (1, seq_len), device="meta")
+    with FlopCounterMode(display=False) as counter:
+        logits = model(ids)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
+    return counter.get_total_flops() * batch
