@@ -2,8 +2,9 @@
 single-token decode kernel, each behind a torch.autograd.Function.
 
 Triton is optional: without it `HAS_TRITON` is False, `use_triton` is always False and the callers keep
-their PyTorch path. `use_triton(x)` is the selection: true for CUDA tensors unless forced off with
-backend="torch" or the environment variable TTT_BENCH_KERNELS=torch.
+their PyTorch path. `dual_supported` / `decode_supported` tell whether given inputs are in a kernel's domain
+(float32, LN-and-residual, a bias, power-of-2 sizes). `use_triton(x)` is the selection: true for CUDA
+tensors unless forced off with backend="torch" or the environment variable TTT_BENCH_KERNELS=torch.
 """
 
 import os
@@ -11,20 +12,23 @@ import os
 import torch
 
 try:
+    from .ttt_decode import supported as decode_supported
     from .ttt_decode import ttt_linear_decode
+    from .ttt_linear import supported as dual_supported
     from .ttt_linear import ttt_linear_dual
 
     HAS_TRITON = True
 except ImportError:  # triton not installed
     HAS_TRITON = False
     ttt_linear_dual = ttt_linear_decode = None
+    dual_supported = decode_supported = lambda *args: False
 
 BACKENDS = ("auto", "torch", "triton")
 
 
 def use_triton(x: torch.Tensor, backend: str = "auto") -> bool:
-    """Whether to run the Triton kernel on x's device. backend: auto (CUDA only, unless TTT_BENCH_KERNELS=torch),
-    torch (never) or triton (always; on CPU only under TRITON_INTERPRET=1, as the tests do)."""
+    """Whether to run the Triton kernel on x's device. backend: auto (CUDA only, unless
+    TTT_BENCH_KERNELS=torch), torch (never) or triton (always; on CPU only under TRITON_INTERPRET=1)."""
     if backend not in BACKENDS:
         raise ValueError(f"kernel backend must be one of {BACKENDS}, got {backend!r}")
     if not HAS_TRITON or backend == "torch":
@@ -34,4 +38,5 @@ def use_triton(x: torch.Tensor, backend: str = "auto") -> bool:
     return x.is_cuda and os.environ.get("TTT_BENCH_KERNELS", "auto") != "torch"
 
 
-__all__ = ["HAS_TRITON", "use_triton", "ttt_linear_dual", "ttt_linear_decode"]
+__all__ = ["HAS_TRITON", "use_triton", "ttt_linear_dual", "ttt_linear_decode", "dual_supported",
+           "decode_supported"]

@@ -168,8 +168,9 @@ class TTTLinearDual(torch.autograd.Function):
         store = any(ctx.needs_input_grad[:8])
         W_states = XQ.new_empty(B, H, N, F, F) if store else W_last
         b_states = XQ.new_empty(B, H, N, 1, F) if store else b_last
-        _dual_fwd_kernel[(B * H,)](XQ, XK, XV, eta, W, b, ln_weight, ln_bias, Z, W_last, b_last, W_states, b_states,
-                                   N, H, BS=BS, F=F, STORE_STATES=store, PRECISION=precision)
+        _dual_fwd_kernel[(B * H,)](XQ, XK, XV, eta, W, b, ln_weight, ln_bias, Z, W_last, b_last,
+                                   W_states, b_states, N, H, BS=BS, F=F, STORE_STATES=store,
+                                   PRECISION=precision)
         if store:
             ctx.save_for_backward(XQ, XK, XV, eta, W_states, b_states, ln_weight, ln_bias)
             ctx.precision = precision
@@ -185,8 +186,8 @@ class TTTLinearDual(torch.autograd.Function):
         dXQ, dXK, dXV, deta = (torch.empty_like(t) for t in (XQ, XK, XV, eta))
         dW, db = torch.empty_like(dW_last), torch.empty_like(db_last)
         dlnw, dlnb = XQ.new_empty(B, H, 1, F), XQ.new_empty(B, H, 1, F)
-        _dual_bwd_kernel[(B * H,)](XQ, XK, XV, eta, W_states, b_states, ln_weight, ln_bias, dZ, dW_last, db_last,
-                                   dXQ, dXK, dXV, deta, dW, db, dlnw, dlnb,
+        _dual_bwd_kernel[(B * H,)](XQ, XK, XV, eta, W_states, b_states, ln_weight, ln_bias,
+                                   dZ, dW_last, db_last, dXQ, dXK, dXV, deta, dW, db, dlnw, dlnb,
                                    N, H, BS=BS, F=F, PRECISION=ctx.precision)
         return dXQ, dXK, dXV, deta, dW, db, dlnw.sum(0), dlnb.sum(0), None
 

@@ -17,6 +17,7 @@ from ttt_bench.kernels import use_triton  # noqa: E402
 from ttt_bench.kernels.ttt_decode import reference as decode_reference  # noqa: E402
 from ttt_bench.kernels.ttt_decode import ttt_linear_decode  # noqa: E402
 from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
+
 from ttt_bench.models.ttt import forms  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -43,7 +44,7 @@ def test_dual_forward_matches_pytorch():
     inputs = dual_inputs()
     with torch.no_grad():  # the inference path: no per-mini-batch weights kept
         ours, ref = ttt_linear_dual(*inputs), forms.ttt_linear_dual(*inputs)
-    for name, a, b in zip(("Z", "W_last", "b_last"), ours, ref):
+    for name, a, b in zip(("Z", "W_last", "b_last"), ours, ref, strict=True):
         assert a.shape == b.shape and rel_err(a, b) < TOL, name
 
 
@@ -58,9 +59,11 @@ def test_dual_gradients_match_pytorch(with_state_grads):
     for fn in (ttt_linear_dual, forms.ttt_linear_dual):
         Z, W_last, b_last = fn(*inputs)
         cot = cot or [torch.randn(t.shape, generator=g).to(DEVICE) for t in (Z, W_last, b_last)]
-        loss = (Z * cot[0]).sum() + ((W_last * cot[1]).sum() + (b_last * cot[2]).sum() if with_state_grads else 0)
+        loss = (Z * cot[0]).sum()
+        if with_state_grads:
+            loss = loss + (W_last * cot[1]).sum() + (b_last * cot[2]).sum()
         grads.append(torch.autograd.grad(loss, inputs))
-    for name, a, b in zip(NAMES, *grads):
+    for name, a, b in zip(NAMES, *grads, strict=True):
         assert rel_err(a, b) < TOL, name
 
 
@@ -69,7 +72,7 @@ def test_dual_larger_head_dim():
     inputs = [t.requires_grad_() for t in dual_inputs(B=1, H=1, N=2, f=32, seed=3)]
     grads = [torch.autograd.grad(fn(*inputs)[0].square().sum(), inputs)
              for fn in (ttt_linear_dual, forms.ttt_linear_dual)]
-    for name, a, b in zip(NAMES, *grads):
+    for name, a, b in zip(NAMES, *grads, strict=True):
         assert rel_err(a, b) < TOL, name
 
 
@@ -78,7 +81,8 @@ def decode_inputs(B=2, H=3, f=16, seed=0):
     r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(DEVICE)
     return [r(B, H, 1, f), r(B, H, 1, f), r(B, H, 1, f), (0.1 * torch.rand(B, H, generator=g)).to(DEVICE),
             torch.tensor(0.3, device=DEVICE), r(B, H, f, f, scale=0.3), r(B, H, 1, f, scale=0.3),
-            r(B, H, f, f, scale=0.1), r(B, H, 1, f, scale=0.1), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+            r(B, H, f, f, scale=0.1), r(B, H, 1, f, scale=0.1), r(H, 1, f, scale=0.2, shift=1.0),
+            r(H, 1, f, scale=0.2)]
 
 
 def test_decode_matches_pytorch_with_gradients():
@@ -88,12 +92,12 @@ def test_decode_matches_pytorch_with_gradients():
     for name, a, b in (("z", z, z_ref), ("sums_W", sw, sw_ref), ("sums_b", sb, sb_ref)):
         assert a.shape == b.shape and rel_err(a, b) < TOL, name
     grads = [torch.autograd.grad((o.sin().sum() + s.sum()), inputs) for o, s in ((z, sw), (z_ref, sw_ref))]
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=True):
         assert rel_err(a, b) < TOL
 
 
 def test_decode_token_by_token_equals_dual_mini_batch():
-    """b decode steps from W_{t'} reproduce the dual form over that mini-batch, and W_b = W_{t'} - te[b-1] S."""
+    """b decode steps from W_{t'} reproduce the dual form over that mini-batch; W_b = W_{t'} - te[b-1] S."""
     B, H, b, f = 1, 2, 16, 16
     g = torch.Generator().manual_seed(4)
     XQ, XK, XV, _, W, bias, lnw, lnb = dual_inputs(B, H, 1, b, f, seed=5)
@@ -103,9 +107,9 @@ def test_decode_token_by_token_equals_dual_mini_batch():
     Z, W_last, b_last = forms.ttt_linear_dual(XQ, XK, XV, eta, W, bias, lnw, lnb)
     sw, sb = torch.zeros_like(W), torch.zeros_like(bias)
     for t in range(b):
-        tok = lambda x: x[:, :, 0, t : t + 1]
-        z, sw, sb = ttt_linear_decode(tok(XQ), tok(XK), tok(XV), lr[..., t], te[t], W, bias, sw, sb, lnw, lnb)
-        assert rel_err(z, tok(Z)) < TOL, t
+        q, k, v, z_ref = (x[:, :, 0, t : t + 1] for x in (XQ, XK, XV, Z))
+        z, sw, sb = ttt_linear_decode(q, k, v, lr[..., t], te[t], W, bias, sw, sb, lnw, lnb)
+        assert rel_err(z, z_ref) < TOL, t
     assert rel_err(W - te[-1] * sw, W_last) < TOL and rel_err(bias - te[-1] * sb, b_last) < TOL
 
 

@@ -1,5 +1,5 @@
 """Faults survived: SIGKILL at several points of training then resume, corrupt checkpoints, atomic writes,
-non-finite losses, and token-cache integrity. CPU only, tiny configs (see the README's Reliability section)."""
+non-finite losses, and token-cache integrity. CPU only, tiny configs."""
 
 import json
 import os
@@ -10,17 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
+from omegaconf import OmegaConf
 from ttt_bench.cli.main import main
+
+from ttt_bench.config import compose
 from ttt_bench.data import LMDataModule, SyntheticCorpus
 from ttt_bench.data.token_cache import cache_key, load_tokens
+from ttt_bench.errors import UserError
 from ttt_bench.io import write_json
+from ttt_bench.training.module import LitLM
 
 # 8 steps of 8 sequences of 64 tokens (2 micro-batches of 4 accumulated), a checkpoint every step.
-RUN = ["size=xs", "data.corpus.train_docs=20", "data.corpus.validation_docs=4", "data.corpus.mean_doc_bytes=4000",
-       "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=512", "data.num_proc=1",
-       "data.val_tokens=512", "trainer.max_steps=8", "checkpoint_every_n_steps=1", "eval_every_n_steps=1000",
-       "trainer.deterministic=true", "trainer.enable_progress_bar=false"]
+RUN = ["size=xs", "data.corpus.train_docs=20", "data.corpus.validation_docs=4",
+       "data.corpus.mean_doc_bytes=4000", "data.seq_len=64", "data.micro_batch_size=4",
+       "recipe.tokens_per_batch=512", "data.num_proc=1", "data.val_tokens=512", "trainer.max_steps=8",
+       "checkpoint_every_n_steps=1", "eval_every_n_steps=1000", "trainer.deterministic=true",
+       "trainer.enable_progress_bar=false"]
 
 
 def train_in_process(*overrides: str) -> None:
@@ -41,19 +46,22 @@ def run_dir(runs: Path) -> Path:
 
 def final_state(folder: Path) -> dict:
     ckpt = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    return {k: ckpt[k] for k in ("global_step", "state_dict", "optimizer_states", "lr_schedulers", "tokens_seen")}
+    keys = ("global_step", "state_dict", "optimizer_states", "lr_schedulers", "tokens_seen", "rng_states")
+    return {k: ckpt[k] for k in keys}
 
 
 def assert_identical(a, b, where: str = "") -> None:
     if isinstance(a, torch.Tensor):
         assert torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), where
     elif isinstance(a, dict):
         assert a.keys() == b.keys(), where
         for k in a:
             assert_identical(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, list | tuple):
         assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_identical(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
@@ -61,25 +69,27 @@ def assert_identical(a, b, where: str = "") -> None:
 
 def test_kill_and_resume_is_bitwise_identical(tmp_path):
     """Killed during step 3, during the checkpoint write of step 5, during step 7 (then last.ckpt truncated):
-    each resume with the same command reaches the parameters, optimizer and LR state, and per-step losses of an
-    uninterrupted run, bitwise. A resume from an explicit ckpt_path= does too."""
+    each resume with the same command reaches the parameters, optimizer and LR state, and per-step losses of
+    an uninterrupted run, bitwise. A resume from an explicit ckpt_path= does too."""
     ref, chain, explicit = tmp_path / "ref", tmp_path / "chain", tmp_path / "explicit"
     train_in_process(f"paths.runs={ref}")
     reference = run_dir(ref)
 
     train_killed(f"paths.runs={chain}", "fault.kill_at_step=3")
     folder = run_dir(chain)
-    assert sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "step-1.ckpt", "step-2.ckpt"]
+    names = sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt"))
+    assert names == ["last.ckpt", "step-1.ckpt", "step-2.ckpt"]
     train_killed(f"paths.runs={chain}", "fault.kill_at_step=5", "fault.kill_during=checkpoint_write")
-    assert not (folder / "checkpoints" / "step-5.ckpt").exists()  # the half-written file never took its name
+    assert not (folder / "checkpoints" / "step-5.ckpt").exists()  # the half-written file never got its name
     assert len(list((folder / "checkpoints").glob(".step-5.ckpt.*.tmp"))) == 1
     train_killed(f"paths.runs={chain}", "fault.kill_at_step=7")
     last = folder / "checkpoints" / "last.ckpt"
-    last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])  # as a crash of a non-atomic writer leaves it
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])  # as a crashed non-atomic write would
     train_in_process(f"paths.runs={chain}")
 
     log = (folder / "main.log").read_text()
-    assert "last.ckpt is unreadable" in log and "resuming " + str(folder / "checkpoints" / "step-6.ckpt") in log
+    assert "last.ckpt is unreadable" in log
+    assert "resuming " + str(folder / "checkpoints" / "step-6.ckpt") in log
     assert (folder / "losses.csv").read_text() == (reference / "losses.csv").read_text()
     assert len((reference / "losses.csv").read_text().splitlines()) == 1 + 8
     assert_identical(final_state(folder), final_state(reference))
@@ -92,22 +102,57 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     assert rows[1:] == (reference / "losses.csv").read_text().splitlines()[5:]
 
 
-def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+@pytest.fixture
+def nan_loss_at_step_2(monkeypatch):
+    """The training loss of optimizer step 2 (both micro-batches) becomes NaN."""
+    loss = LitLM.loss
+
+    def patched(self, batch, reduction="mean"):
+        value = loss(self, batch, reduction)
+        return value * float("nan") if self.training and self.global_step == 1 else value
+
+    monkeypatch.setattr(LitLM, "loss", patched)
+
+
+def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys,
+                                                                               nan_loss_at_step_2):
     with pytest.raises(SystemExit) as e:
-        train_in_process(f"paths.runs={tmp_path}", "recipe.lr=1e38", "trainer.max_steps=4")
+        train_in_process(f"paths.runs={tmp_path}", "trainer.max_steps=4")
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "non-finite training loss" in err and "at step 2" in err
+    assert len(err.splitlines()) == 1 and "non-finite training loss (nan) at step 2" in err
     assert "nonfinite=skip" in err
     checkpoints = run_dir(tmp_path) / "checkpoints"
     assert sorted(p.name for p in checkpoints.glob("*.ckpt")) == ["last.ckpt", "step-1.ckpt"]
-    assert torch.load(checkpoints / "step-1.ckpt", weights_only=False)["global_step"] == 1
+    assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == 1
 
 
-def test_nonfinite_skip_policy_skips_updates_and_counts_them(tmp_path):
-    train_in_process(f"paths.runs={tmp_path}", "recipe.lr=1e38", "trainer.max_steps=4", "nonfinite=skip")
-    metrics = json.loads((run_dir(tmp_path) / "metrics.json").read_text())
-    assert metrics["steps"] == 4 and metrics["skipped_steps"] == 3 * 2  # both micro-batches of steps 2-4
+def test_nonfinite_skip_policy_skips_updates_and_counts_them(tmp_path, nan_loss_at_step_2):
+    train_in_process(f"paths.runs={tmp_path}", "trainer.max_steps=4", "nonfinite=skip")
+    folder = run_dir(tmp_path)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and metrics["skipped_steps"] == 2  # both micro-batches of step 2
+    assert np.isfinite(metrics["val_loss"])
+    losses = (folder / "losses.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in losses[1:]] == ["1", "2", "3", "4"] and losses[2] == "2,nan"
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nonfinite_gradient(policy):
+    cfg = compose("train", RUN)
+    module = LitLM(model_cfg=OmegaConf.to_container(cfg.model, resolve=True),
+                   recipe=OmegaConf.to_container(cfg.recipe, resolve=True), vocab_size=257,
+                   tokenizer={"kind": "byte"}, nonfinite=policy)
+    optimizer = module.configure_optimizers()["optimizer"]
+    for p in module.parameters():
+        p.grad = torch.zeros_like(p)
+    module.model.embed.weight.grad[0, 0] = float("inf")
+    if policy == "stop":
+        with pytest.raises(UserError, match="non-finite gradient at step 1"):
+            module.on_before_optimizer_step(optimizer)
+    else:
+        module.on_before_optimizer_step(optimizer)
+        assert module.skipped_steps == 1 and all(p.grad is None for p in module.parameters())
 
 
 def test_atomic_write_leaves_the_previous_file_on_error(tmp_path):

@@ -1,1 +1,8 @@
-"""Benchmark suites of `ttt-bench bench`: each module exposes add_arguments(parser) and run(args) -> DataFrame."""
+"""Benchmark suites of `ttt-bench bench`: each module exposes add_arguments(parser) and
+run(args) -> DataFrame, and optionally summary(df) -> lines printed after the table (docs/speed.md)."""
+
+SUITES = {
+    "models": "prefill/decode latency vs context, training throughput and MFU, peak memory of whole models",
+    "forms": "TTT-Linear forward+backward: primal vs dual form (and the Triton kernel on CUDA)",
+    "scan": "Mamba's selective scan: chunked vs sequential vs mambapy (forward+backward, CPU)",
+}

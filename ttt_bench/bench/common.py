@@ -59,8 +59,8 @@ def _rss_bytes() -> int:
 
 @contextmanager
 def peak_memory(device: torch.device):
-    """Yields a dict whose "mb" is set on exit: on CUDA the peak allocated memory of the block; on CPU the peak
-    growth of the resident set over the block, sampled every 2 ms (Linux; None elsewhere)."""
+    """Yields a dict whose "mb" is set on exit: on CUDA the peak allocated memory of the block; on CPU the
+    peak growth of the resident set over the block, sampled every 2 ms (Linux; None elsewhere)."""
     out = {"mb": None}
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

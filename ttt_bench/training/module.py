@@ -85,8 +85,10 @@ class LitLM(L.LightningModule):
 
     def configure_optimizers(self):
         r = self.recipe
-        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        # no weight decay on vectors (norms, biases) nor on parameters flagged `_no_weight_decay` (Mamba's A, D)
+        decayed = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
+        decay = [p for p in self.parameters() if p.requires_grad and decayed(p)]
+        no_decay = [p for p in self.parameters() if p.requires_grad and not decayed(p)]
         opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": r["optimizer"]["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
             lr=r["lr"], betas=tuple(r["optimizer"]["betas"]), eps=r["optimizer"]["eps"])

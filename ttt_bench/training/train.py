@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
+from ..flops import train_flops
 from ..io import write_atomic, write_json
 from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint
 from .evaluate import bits_per_byte, evaluate, save_token_index
@@ -43,27 +44,38 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     return {"sequences_per_step": sequences, "accumulate": sequences // per_step, "tokens_per_step": sequences * seq_len}
 
 
-class LossLog(Callback):
-    """Appends `step,loss` (each optimizer step's mean loss, exact float32 value) to losses.csv as training goes,
-    flushed every step, so the losses of a crashed run survive; on resume, rows after its checkpoint are dropped."""
-
-    def __init__(self, path: Path):
-        self.path, self.step, self.total = path, 0, 0.0
+class StepCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that does not save again the step a run resumed from: Lightning would rewrite step-N.ckpt and
+    last.ckpt after the first micro-batch, mid-accumulation, and a resume from those would misplace the next step."""
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.step, self.total = trainer.global_step, 0.0
+        super().on_train_start(trainer, pl_module)
+        self._last_global_step_saved = trainer.global_step
+
+
+class LossLog(Callback):
+    """Appends `step,loss` to losses.csv after every optimizer step (its mean loss, exact float32 value; nan
+    for a skipped non-finite step), so the losses of a crashed run survive; a resume drops the rows after its
+    checkpoint."""
+
+    def __init__(self, path: Path):
+        self.path, self.step, self.total = path, 0, None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step, self.total = trainer.global_step, None
         rows = self.path.read_text().splitlines()[1:] if self.path.is_file() else []
         kept = [r for r in rows if int(r.split(",")[0]) <= self.step]
         write_atomic(self.path, "\n".join(["step,loss", *kept]) + "\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if outputs is not None:  # None: a skipped non-finite batch
-            self.total += outputs["loss"].item()  # already divided by the accumulation factor
+        loss = (outputs or {}).get("loss")  # divided by the accumulation factor; none for a skipped batch
+        if loss is not None:
+            self.total = (self.total or 0.0) + loss.item()
         if trainer.global_step != self.step:
             self.step = trainer.global_step
             with self.path.open("a") as f:
-                f.write(f"{self.step},{self.total!r}\n")
-            self.total = 0.0
+                f.write(f"{self.step},{'nan' if self.total is None else repr(self.total)}\n")
+            self.total = None
 
 
 # Settings that must be positive integers / numbers (checked when present), with an example value each.
@@ -115,6 +127,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     check_config(cfg)
     world = int(cfg.trainer.get("num_nodes", 1)) * (torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices))
     geo = batch_geometry(cfg, max(1, world))
+    found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
+    resume, tokens_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
+    del found  # the trainer loads it again
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg)
     module = build_module(cfg, dm)
@@ -123,7 +138,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     fault = cfg.get("fault") or {}  # test-only fault injection, see faults.py
     kill_step, kill_during = fault.get("kill_at_step"), fault.get("kill_during", "step")
     callbacks = [
-        ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
+        StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
                         every_n_train_steps=cfg.checkpoint_every_n_steps, save_last=True, save_top_k=-1),
         LearningRateMonitor(logging_interval="step"), LossLog(run_dir / "losses.csv"),
         *([KillDuringStep(kill_step)] if kill_step and kill_during == "step" else []),
@@ -134,9 +149,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                           val_check_interval=cfg.eval_every_n_steps * geo["accumulate"], check_val_every_n_epoch=None,
                           use_distributed_sampler=False, plugins=[checkpoint_io])
     dm.samples_per_step = geo["sequences_per_step"]
-    found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
-    resume, tokens_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
-    del found  # the trainer loads it again
     log.info("model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
              cfg.model.name, module.model.num_params(False) / 1e6, module.model.num_params() / 1e6,
              cfg.trainer.max_steps, geo["tokens_per_step"], geo["accumulate"], f"; resuming {resume}" if resume else "")
@@ -153,7 +165,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "non_embedding_params": module.model.num_params(), "steps": trainer.global_step,
         "tokens_seen": tokens_seen, "skipped_steps": module.skipped_steps, "wall_time_s": round(wall, 2),
         "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1), **result,
-        "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()), "train_flops": None,
+        "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
+        "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen),
         "run_dir": str(run_dir),
     }
     write_json(run_dir / "metrics.json", metrics)

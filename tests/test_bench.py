@@ -1,0 +1,61 @@
+"""`ttt-bench bench` end to end on tiny sizes: the suites run and write the CSV the plots read. No timing is
+checked here (timings never belong in unit tests)."""
+
+import argparse
+
+import pandas as pd
+import pytest
+from ttt_bench.cli.main import main
+
+from ttt_bench.bench import models
+
+TINY = ["--size", "xs", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64",
+        "--vocab-size", "64", "--contexts", "32,64", "--train-context", "32", "--tokens-per-step", "64",
+        "--decode-tokens", "2", "--warmup", "0", "--repeats", "1", "--threads", "1", "--device", "cpu"]
+
+
+def test_models_suite_writes_every_phase_of_every_model(tmp_path, capsys):
+    out = tmp_path / "models.csv"
+    names = ",".join([*models.MODELS, "no_such_model"])
+    main(["bench", "models", "--models", names, "--out", str(out), *TINY])
+    df = pd.read_csv(out)
+    required = {"model", "context", "phase", "latency_ms_per_token", "tokens_per_s", "mfu", "peak_mem_mb"}
+    assert required <= set(df.columns)
+    timed = df.dropna(subset=["latency_ms_per_token"])
+    for name in models.MODELS:
+        rows = timed[timed.model == name]
+        expected = [("decode", 32), ("decode", 64), ("prefill", 32), ("prefill", 64), ("train", 32)]
+        assert sorted(zip(rows.phase, rows.context, strict=True)) == expected, name
+    assert (timed.tokens_per_s > 0).all() and (timed[timed.phase == "train"].mfu > 0).all()
+    assert "does not exist" in df[df.model == "no_such_model"].note.item()
+    printed = capsys.readouterr().out
+    assert "train throughput ttt_linear / transformer" in printed and f"wrote {out}" in printed
+
+
+def test_forms_suite_times_primal_and_dual(tmp_path):
+    out = tmp_path / "forms.csv"
+    main(["bench", "forms", "--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--tokens", "64",
+          "--warmup", "1", "--repeats", "1", "--threads", "1", "--device", "cpu", "--out", str(out)])
+    df = pd.read_csv(out)
+    expected = [("core", "dual"), ("core", "primal"), ("layer", "dual"), ("layer", "primal")]
+    assert sorted(zip(df.scope, df.impl, strict=True)) == expected
+    assert (df.ms_fwd_bwd > 0).all() and (df[df.impl == "dual"].speedup_vs_dual == 1).all()
+
+
+def test_presets_fill_only_defaults():
+    parser = argparse.ArgumentParser()
+    models.add_arguments(parser)
+    args = parser.parse_args(["--preset", "cpu-ref", "--threads", "1"])
+    models.apply_preset(args, parser)
+    assert (args.d_model, args.n_layers, args.n_heads, args.tokens_per_step) == (256, 4, 4, 16384)
+    assert args.threads == 1 and args.contexts == "1024-16384"
+    assert models.parse_contexts("1024-16384") == [1024, 2048, 4096, 8192, 16384]
+    assert models.parse_contexts("64,256") == [64, 256]
+
+
+def test_bad_arguments_fail_with_one_line(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "no_such_suite"])
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "models", "--phases", "prefil", *TINY])
+    assert e.value.code == 2 and "unknown phases" in capsys.readouterr().err

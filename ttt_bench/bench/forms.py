@@ -1,0 +1,77 @@
+"""`ttt-bench bench forms`: TTT-Linear forward + backward, primal vs dual form (Section 2.5: the dual form
+"trains more than 5x faster"), and the fused Triton kernel where it runs (CUDA).
+
+scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
+each form; scope=core times only the inner loop on the same [B, H, N, b, f] inputs.
+"""
+
+import argparse
+
+import pandas as pd
+import torch
+
+from . import common
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--mini-batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per call: batch = tokens / seq_len")
+    parser.add_argument("--scopes", default="layer,core")
+    parser.add_argument("--quick", action="store_true", help="d_model 64, 256 tokens of 128")
+    common.add_device_arguments(parser)
+
+
+def _layer_case(args, form, device, dtype):
+    from ttt_bench.models.ttt import TTTLayer
+
+    layer = TTTLayer(args.d_model, args.n_heads, mini_batch_size=args.mini_batch_size, form=form,
+                     share_qk=True, use_gate=True).to(device, dtype)
+    x = torch.randn(args.tokens // args.seq_len, args.seq_len, args.d_model, device=device, dtype=dtype,
+                    requires_grad=True)
+    return lambda: layer(x).sum().backward()
+
+
+def _core_case(args, impl, device, dtype):
+    from ttt_bench.kernels import ttt_linear_dual as triton_dual
+    from ttt_bench.models.ttt import forms
+
+    H, b = args.n_heads, args.mini_batch_size
+    f, B, N = args.d_model // H, args.tokens // args.seq_len, args.seq_len // b
+    r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, device=device, dtype=dtype)).requires_grad_()
+    eta = (0.01 * torch.rand(B, H, N, b, b, device=device, dtype=dtype)).requires_grad_()
+    inputs = (r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta,
+              r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
+    fn = {"dual": forms.ttt_linear_dual, "triton": triton_dual,
+          "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:])}[impl]
+    return lambda: fn(*inputs)[0].sum().backward()
+
+
+def run(args) -> pd.DataFrame:
+    if args.quick:
+        args.d_model, args.seq_len, args.tokens = 64, 128, 256
+    from ttt_bench.kernels import use_triton
+
+    device = common.setup(args)
+    dtype = common.DTYPES[args.dtype]
+    rows = []
+    for scope in args.scopes.split(","):
+        impls = ["primal", "dual"]
+        if scope == "core" and use_triton(torch.empty(0, device=device)):
+            impls.append("triton")
+        for impl in impls:
+            fn = (_layer_case if scope == "layer" else _core_case)(args, impl, device, dtype)
+            with common.peak_memory(device) as mem:
+                seconds = common.time_calls(fn, device, args.warmup, args.repeats)
+            rows.append(dict(scope=scope, impl=impl, tokens=args.tokens, seq_len=args.seq_len,
+                             d_model=args.d_model, n_heads=args.n_heads, mini_batch_size=args.mini_batch_size,
+                             ms_fwd_bwd=1e3 * seconds, tokens_per_s=args.tokens / seconds,
+                             peak_mem_mb=mem["mb"], device=str(device), dtype=args.dtype,
+                             threads=args.threads))
+    df = pd.DataFrame(rows)
+    for impl in ("primal", "dual"):
+        baseline = df[df.impl == impl].set_index("scope").ms_fwd_bwd
+        df[f"speedup_vs_{impl}"] = df.scope.map(baseline) / df.ms_fwd_bwd
+    return df

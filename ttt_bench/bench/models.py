@@ -1,0 +1,219 @@
+"""`ttt-bench bench models`: prefill and decode latency vs context, training throughput and MFU, peak memory,
+for language models built from their configs (Figures 3, 15 and 20 of the paper), all in one run.
+
+  prefill  forward of a batch of `context`-token prompts with fresh caches; latency = time / context (the
+           sequences of a batch run in parallel, as Figure 3's batch of 16)
+  decode   one token per step after prefilling `context` tokens; latency = time of one step
+  train    forward + backward + AdamW step on tokens_per_step tokens of train_context; latency = time / tokens
+           (1 / throughput); MFU = model FLOPs/s over
+           the matmul ceiling measured at the start of the run (common.matmul_tflops)
+
+tokens_per_s counts every sequence of the batch. A model whose config does not exist is skipped with a note;
+a context that runs out of memory ends that model's sweep with a note.
+"""
+
+import argparse
+import time
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from . import common
+
+MODELS = ("transformer", "mamba", "ttt_linear", "ttt_mlp")
+SIZE_KEYS = ("d_model", "n_layers", "n_heads", "mlp_hidden")
+# The CPU reference size of docs/speed.md: width 256, 4 blocks, 4 heads, TTT mini-batch 16 (configs' default).
+PRESETS = {
+    "cpu-ref": dict(size="l", d_model=256, n_layers=4, n_heads=4, mlp_hidden=688, contexts="1024-16384",
+                    train_context=2048, tokens_per_step=16384, threads=2, device="cpu", dtype="float32"),
+    "quick": dict(size="xs", contexts="256-512", train_context=256, tokens_per_step=512, decode_tokens=4,
+                  warmup=1, repeats=2),
+}
+COLUMNS = ["model", "context", "phase", "batch", "latency_ms_per_token", "tokens_per_s", "ms_per_call", "mfu",
+           "model_tflops_per_s", "matmul_tflops", "peak_mem_mb", "params", "d_model", "n_layers", "device",
+           "dtype", "threads", "repeats", "note"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=PRESETS, help="cpu-ref: the reference size of docs/speed.md; "
+                        "quick: tiny and fast (also --quick). Explicit options win over the preset.")
+    parser.add_argument("--quick", action="store_true", help="same as --preset quick")
+    parser.add_argument("--models", default=",".join(MODELS), help="model configs (conf/model/*.yaml)")
+    parser.add_argument("--phases", default="prefill,decode,train")
+    parser.add_argument("--size", default="s", help="size config (conf/size/*.yaml)")
+    for key in SIZE_KEYS:
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=f"override size.{key}")
+    parser.add_argument("--vocab-size", type=int, default=8192, help="the BPE tokenizer's default vocabulary")
+    parser.add_argument("--contexts", default="1024-32768",
+                        help="LO-HI in 2x steps, or a comma-separated list (prefill and decode)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per prefill call (the paper: 16)")
+    parser.add_argument("--decode-batch", type=int, default=1, help="sequences per decode step (paper: 512)")
+    parser.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps, after --warmup")
+    parser.add_argument("--train-context", type=int, default=2048)
+    parser.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per optimizer step")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for every model, e.g. --set model.block.mini_batch_size=16")
+    common.add_device_arguments(parser)
+
+
+def apply_preset(args, parser: argparse.ArgumentParser) -> None:
+    """Preset values for the options left at their defaults."""
+    preset = PRESETS.get("quick" if args.quick else args.preset, {})
+    for key, value in preset.items():
+        if getattr(args, key) == parser.get_default(key):
+            setattr(args, key, value)
+
+
+def parse_contexts(text: str) -> list[int]:
+    if "-" in text:
+        lo, hi = (int(v) for v in text.split("-"))
+        return [c for c in (lo << i for i in range(32)) if c <= hi]
+    return [int(v) for v in text.split(",")]
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+class Bench:
+    def __init__(self, args, name: str, device: torch.device):
+        self.args, self.name, self.device = args, name, device
+        self.dtype = common.DTYPES[args.dtype]
+        self.size = {k: getattr(args, k) for k in SIZE_KEYS}
+        self.rows: list[dict] = []
+
+    def model(self, seq_len: int, device=None):
+        return common.build_model(self.name, self.args.size, self.size, self.args.vocab_size, seq_len,
+                                  self.args.set, device or self.device, self.dtype)
+
+    def ids(self, batch: int, length: int) -> torch.Tensor:
+        return torch.randint(0, self.args.vocab_size, (batch, length), device=self.device)
+
+    def row(self, model, context, phase, batch, seconds, tokens, per_token_s, mem_mb, **extra) -> None:
+        self.rows.append(dict(model=self.name, context=context, phase=phase, batch=batch,
+                              latency_ms_per_token=1e3 * per_token_s, tokens_per_s=tokens / seconds,
+                              ms_per_call=1e3 * seconds, peak_mem_mb=mem_mb, params=model.num_params(),
+                              d_model=model.d_model, n_layers=len(model.blocks), **extra))
+
+    @torch.inference_mode()
+    def latency(self, contexts: list[int], phases: set[str]) -> None:
+        a = self.args
+        model = self.model(max(contexts)).eval()
+        for T in contexts:
+            try:
+                if "prefill" in phases:
+                    prompt = self.ids(a.batch, T)
+                    prefill = lambda p=prompt: model(p, model.init_caches(a.batch))
+                    with common.peak_memory(self.device) as mem:
+                        seconds = common.time_calls(prefill, self.device, a.warmup, a.repeats)
+                    self.row(model, T, "prefill", a.batch, seconds, a.batch * T, seconds / T, mem["mb"])
+                if "decode" in phases:
+                    self.decode(model, T)
+            except (RuntimeError, MemoryError) as e:
+                if not _is_oom(e):
+                    raise
+                self.rows.append(dict(model=self.name, context=T, phase="prefill", note="out of memory"))
+                return
+
+    def decode(self, model, T: int) -> None:
+        """Prefill T tokens of each of decode_batch sequences, then time single-token steps."""
+        a = self.args
+        caches = model.init_caches(a.decode_batch)
+        model(self.ids(a.decode_batch, T), caches)
+        tokens = iter(self.ids(a.decode_batch, a.warmup + a.decode_tokens).split(1, dim=1))
+        step = lambda: model(next(tokens), caches)
+        with common.peak_memory(self.device) as mem:
+            seconds = common.time_calls(step, self.device, a.warmup, a.decode_tokens)
+        self.row(model, T, "decode", a.decode_batch, seconds, a.decode_batch, seconds, mem["mb"])
+
+    def train(self, ceiling_tflops: float) -> None:
+        a = self.args
+        T, batch = a.train_context, max(1, a.tokens_per_step // a.train_context)
+        model = self.model(T).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = self.ids(batch, T + 1)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            logits = model(ids[:, :-1])
+            F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+            opt.step()
+
+        try:
+            with common.peak_memory(self.device) as mem:
+                seconds = common.time_calls(step, self.device, a.warmup, a.repeats)
+        except (RuntimeError, MemoryError) as e:
+            if not _is_oom(e):
+                raise
+            self.rows.append(dict(model=self.name, context=T, phase="train", note="out of memory"))
+            return
+        flops = self.flops_per_step(batch, T)
+        tflops = flops / seconds / 1e12
+        self.row(model, T, "train", batch, seconds, batch * T, seconds / (batch * T), mem["mb"],
+                 model_tflops_per_s=tflops,
+                 mfu=tflops / ceiling_tflops)
+
+    def flops_per_step(self, batch: int, T: int) -> float:
+        """Training FLOPs (common.train_flops) counted at two short lengths t and 2t and extrapolated as
+        a T + c T^2: exact for per-token work and attention, the mini-batch count of TTT scales with T."""
+        t = min(T, 256)
+        f1, f2 = (common.train_flops(lambda n=n: self.model(n, "meta"), 1, n, self.args.vocab_size)
+                  for n in (t, 2 * t))
+        c = (f2 / (2 * t) - f1 / t) / t
+        return batch * T * (f1 / t + c * (T - t))
+
+
+def run(args) -> pd.DataFrame:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    apply_preset(args, parser)
+    device = common.setup(args)
+    phases = set(args.phases.split(","))
+    if unknown := phases - {"prefill", "decode", "train"}:
+        raise ValueError(f"unknown phases {sorted(unknown)}; use prefill, decode, train")
+    contexts = parse_contexts(args.contexts)
+    ceiling = common.matmul_tflops(device, common.DTYPES[args.dtype])
+    rows = []
+    for name in args.models.split(","):
+        if not common.model_config_exists(name):
+            rows.append(dict(model=name, note=f"skipped: conf/model/{name}.yaml does not exist"))
+            continue
+        bench = Bench(args, name, device)
+        start = time.perf_counter()
+        if phases & {"prefill", "decode"}:
+            bench.latency(contexts, phases)
+        if "train" in phases:
+            bench.train(ceiling)
+        rows += bench.rows
+        print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", flush=True)
+    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    df["matmul_tflops"], df["device"], df["dtype"] = ceiling, str(device), args.dtype
+    df["threads"], df["repeats"] = args.threads, args.repeats
+    return df
+
+
+def summary(df: pd.DataFrame) -> list[str]:
+    """The ratios of the speed targets (docs/speed.md) that this run's rows allow."""
+    lat = df.dropna(subset=["latency_ms_per_token"]).pivot_table(
+        index=["phase", "context"], columns="model", values="latency_ms_per_token")
+    lines = []
+    if "train" in lat.index.get_level_values(0) and "transformer" in lat:
+        train = lat.loc["train"].iloc[0]
+        for m in ("ttt_linear", "ttt_mlp", "mamba"):
+            if m in train:
+                lines.append(f"train throughput {m} / transformer: {train['transformer'] / train[m]:.2f}x")
+    for phase in ("prefill", "decode"):
+        if phase not in lat.index.get_level_values(0):
+            continue
+        p = lat.loc[phase]
+        lo, hi = p.index.min(), p.index.max()
+        for m in p.columns:
+            lines.append(f"{phase} latency {m}: {p.loc[hi, m] / p.loc[lo, m]:.2f}x from {lo} to {hi}")
+        if {"ttt_linear", "transformer"} <= set(p.columns):
+            faster = [int(T) for T in p.index if p.loc[T, "ttt_linear"] < p.loc[T, "transformer"]]
+            lines.append(f"{phase}: ttt_linear faster than transformer at contexts {faster}")
+        if {"ttt_linear", "mamba"} <= set(p.columns):
+            ratio = p.loc[hi, "ttt_linear"] / p.loc[hi, "mamba"]
+            lines.append(f"{phase} latency ttt_linear / mamba at {hi}: {ratio:.2f}x")
+    return lines
