@@ -39,7 +39,8 @@ def one_line(e: BaseException) -> str:
     """The most specific line of an exception (Hydra wraps instantiation errors in several lines)."""
     if e.__cause__ is not None and not isinstance(e.__cause__, OmegaConfBaseException):
         e = e.__cause__  # e.g. the model's ValueError inside Hydra's InstantiationException
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith(("full_key", "object_type"))]
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("full_key", "object_type"))]
     return lines[-1] if lines else type(e).__name__
 
 
@@ -52,10 +53,10 @@ def composition_error(e: Exception) -> str:
     if isinstance(e, MissingConfigException) and e.options:  # model=transfomer
         group, _, name = e.missing_cfg_file.rpartition("/")
         return f"unknown {group} '{name}'" + did_you_mean(name, e.options)
-    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.parent_node is not None:  # data.seq_lenn=64
+    if isinstance(cause, ConfigKeyError | ConfigAttributeError) and cause.parent_node is not None:  # a typo
         parent = cause.full_key.rpartition(".")[0]
-        return (f"unknown config key '{cause.full_key}'" + did_you_mean(str(cause.key), cause.parent_node.keys(),
-                f"{parent}." if parent else "") + " (add a new key with +key=value)")
+        hint = did_you_mean(str(cause.key), cause.parent_node.keys(), f"{parent}." if parent else "")
+        return f"unknown config key '{cause.full_key}'{hint} (add a new key with +key=value)"
     return f"bad override: {one_line(e)}"
 
 
@@ -102,8 +103,9 @@ def cmd_eval(args: list[str]) -> None:
 
 
 def cmd_generate(args: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="ttt-bench generate", description="Sample text from a trained checkpoint, "
-                                "prefilling the prompt and decoding with the model's own cache.")
+    p = argparse.ArgumentParser(prog="ttt-bench generate",
+                                description="Sample text from a trained checkpoint, prefilling the prompt "
+                                "and decoding with the model's own cache.")
     p.add_argument("ckpt", help="checkpoint (.ckpt) written by ttt-bench train")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200)
@@ -140,7 +142,8 @@ def dispatch(command: str, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    warnings.filterwarnings("ignore", message=".*(LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec).*")
+    noise = "LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec"
+    warnings.filterwarnings("ignore", message=f".*({noise}).*")
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: ttt-bench {" + ",".join(SUBCOMMANDS) + "} ...\n\nsubcommands (each has --help):")
         for name, text in SUBCOMMANDS.items():

@@ -1,10 +1,49 @@
-"""`ttt-bench plot` (placeholder until figures land)."""
+"""`ttt-bench plot FIGURE`: draw a paper figure (PNG and PDF) from a sweep registry or a CSV."""
 
 import argparse
+from pathlib import Path
 
 from ttt_bench.cli.main import SUBCOMMANDS, fail
 
+FIGURES = {
+    "scaling": "perplexity vs training FLOPs per method (Figs 11/12/18); INPUT: a scaling sweep folder",
+    "context": "context length as a hyper-parameter (Fig 13); INPUT: a scaling sweep folder",
+    "token-index": "perplexity per token index, matched FLOPs (Figs 2 right/14); INPUT: a scaling sweep folder",
+    "minibatch": "TTT mini-batch size (Fig 8); INPUT: a minibatch sweep folder (with timing.csv)",
+    "inner-loss": "TTT inner losses per layer (Figs 5/17); INPUT: an inner_loss.csv",
+    "latency": "latency per token vs context (Figs 3/15); INPUT: CSVs of `ttt-bench bench`",
+}
+
 
 def run(args: list[str]) -> None:
-    argparse.ArgumentParser(prog="ttt-bench plot", description=SUBCOMMANDS["plot"]).parse_args(args)
-    fail("`ttt-bench plot` is not available yet (the figures land with the experiments issue); nothing was run", code=3)
+    p = argparse.ArgumentParser(prog="ttt-bench plot", description=SUBCOMMANDS["plot"],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(f"  {k:12s} {v}" for k, v in FIGURES.items()))
+    p.add_argument("figure", choices=FIGURES)
+    p.add_argument("inputs", nargs="+", type=Path, help="sweep folder(s) or CSV file(s), see below")
+    p.add_argument("--out", type=Path, default=Path("figures"), help="folder for FIGURE.png/.pdf")
+    a = p.parse_args(args)
+    import pandas as pd
+
+    from ttt_bench.experiments import figures
+    from ttt_bench.experiments.sweeps import read_registry
+
+    src = a.inputs[0]
+    if not src.exists():
+        fail(f"{src} does not exist")
+    stem = a.out / a.figure.replace("-", "_")
+    try:
+        if a.figure in ("scaling", "context"):
+            paths = getattr(figures, a.figure)(read_registry(src), stem)
+        elif a.figure == "token-index":
+            paths = figures.token_index(read_registry(src), src, stem)
+        elif a.figure == "minibatch":
+            timing = src / "timing.csv"
+            paths = figures.minibatch(read_registry(src), pd.read_csv(timing) if timing.is_file() else None, stem)
+        elif a.figure == "inner-loss":
+            paths = figures.inner_loss(pd.read_csv(src), stem)
+        else:
+            paths = figures.latency(pd.concat([pd.read_csv(f) for f in a.inputs], ignore_index=True), stem)
+    except (ValueError, KeyError) as e:
+        fail(f"cannot draw {a.figure} from {src}: {e}")
+    print("\n".join(str(p) for p in paths))

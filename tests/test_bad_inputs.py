@@ -14,10 +14,9 @@ from ttt_bench.data import LMDataModule, LocalCorpus
 from ttt_bench.data.corpora import ReadStats
 from ttt_bench.training.module import LitLM
 
-TINY = ["size=xs", "data.corpus.train_docs=6", "data.corpus.validation_docs=2",
-        "data.corpus.mean_doc_bytes=2000",
-        "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=256", "data.num_proc=1",
-        "trainer.max_steps=2", "trainer.enable_progress_bar=false"]
+BASE = ["size=xs", "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=256",
+        "data.num_proc=1", "trainer.max_steps=2", "trainer.enable_progress_bar=false"]
+TINY = [*BASE, "data.corpus.train_docs=6", "data.corpus.validation_docs=2", "data.corpus.mean_doc_bytes=2000"]
 
 
 def cli_error(capsys, tmp_path, *argv: str) -> str:
@@ -87,7 +86,7 @@ BAD_LINES = [(b"{not json", "not a JSON object"), (b'{"txt": "x"}', "document ha
 def test_bad_pile_lines_error_or_skip(capsys, tmp_path, bad_line, message):
     shard = write_shard(tmp_path / "shard.jsonl.zst", [GOOD, bad_line, GOOD])
     files = [f"data.corpus.train_files={shard}", f"data.corpus.validation_files={shard}"]
-    err = cli_error(capsys, tmp_path, "train", *TINY, "data=pile", *files, "data.corpus.on_bad_line=error")
+    err = cli_error(capsys, tmp_path, "train", *BASE, "data=pile", *files, "data.corpus.on_bad_line=error")
     assert f"{shard}:2: " in err and message in err and "data.corpus.on_bad_line=skip" in err
     stats = ReadStats()
     assert len(list(LocalCorpus(train_files=shard, validation_files=shard).documents("train", stats))) == 2
@@ -96,7 +95,7 @@ def test_bad_pile_lines_error_or_skip(capsys, tmp_path, bad_line, message):
 
 def test_glob_matching_no_files(capsys, tmp_path):
     glob = f"data.corpus.train_files={tmp_path}/none/*.txt"
-    err = cli_error(capsys, tmp_path, "train", *TINY, "data=text", glob)
+    err = cli_error(capsys, tmp_path, "train", *BASE, "data=text", glob)
     assert "no files match data.corpus.train_files" in err
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def atomic_file(path: str | Path, mode: str = "wb"):
-    """A file object to write `path` through: the target appears, complete and synced, only when the block ends
-    without an error; a crash at any point leaves the previous file (if any) untouched."""
+    """A file object to write `path` through: the target appears, complete and synced, only when the block
+    ends without an error; a crash at any point leaves the previous file (if any) untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -2,6 +2,7 @@
 matmul ceiling for MFU, and models built from their configs."""
 
 import argparse
+import ctypes
 import os
 import statistics
 import threading
@@ -57,6 +58,14 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _release_free_memory() -> None:
+    """Return the allocator's freed pages to the OS (glibc), so that the next phase's growth is its own."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @contextmanager
 def peak_memory(device: torch.device):
     """Yields a dict whose "mb" is set on exit: on CUDA the peak allocated memory of the block; on CPU the
@@ -71,6 +80,7 @@ def peak_memory(device: torch.device):
     if not os.path.exists("/proc/self/statm"):
         yield out
         return
+    _release_free_memory()
     base, peak, done = _rss_bytes(), [0], threading.Event()
 
     def sample():
@@ -101,31 +111,19 @@ def model_config_exists(name: str) -> bool:
     return (REPO_ROOT / "conf" / "model" / f"{name}.yaml").is_file()
 
 
-def build_model(name: str, size: str, size_overrides: dict, vocab_size: int, seq_len: int,
-                extra: list[str] = (), device: torch.device | str = "cpu", dtype=torch.float32):
-    """A LanguageModel from conf/model/<name>.yaml and conf/size/<size>.yaml (+ size.* overrides), as training
-    builds it; on device="meta" nothing is allocated (FLOP counting)."""
-    import hydra
-
+def model_cfg(name: str, size: str, size_overrides: dict, seq_len: int, extra: list[str] = ()):
+    """The composed config of conf/model/<name>.yaml at conf/size/<size>.yaml (+ size.* overrides)."""
     from ttt_bench.config import compose
 
     overrides = [f"model={name}", f"size={size}", f"data.seq_len={seq_len}", *extra]
     overrides += [f"size.{k}={v}" for k, v in size_overrides.items() if v is not None]
-    cfg = compose("train", overrides)
+    return compose("train", overrides)
+
+
+def build_model(cfg, vocab_size: int, device: torch.device, dtype=torch.float32):
+    """The LanguageModel of a composed config, as training builds it."""
+    import hydra
+
     with torch.device(device):
         model = hydra.utils.instantiate(cfg.model, vocab_size=vocab_size)
     return model.to(dtype=dtype)
-
-
-def train_flops(model_fn: Callable[[], torch.nn.Module], batch: int, seq_len: int, vocab_size: int) -> float:
-    """Model FLOPs of one training step (forward + backward) on `batch` sequences: the matmul FLOPs that
-    torch's FlopCounterMode counts for one sequence, on the meta device (the PyTorch path of every layer,
-    without gradient checkpointing), times `batch`."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    model = model_fn()
-    ids = torch.randint(0, vocab_size, (1, seq_len), device="meta")
-    with FlopCounterMode(display=False) as counter:
-        logits = model(ids)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids.flatten()).backward()
-    return counter.get_total_flops() * batch

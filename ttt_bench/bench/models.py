@@ -5,8 +5,8 @@ for language models built from their configs (Figures 3, 15 and 20 of the paper)
            sequences of a batch run in parallel, as Figure 3's batch of 16)
   decode   one token per step after prefilling `context` tokens; latency = time of one step
   train    forward + backward + AdamW step on tokens_per_step tokens of train_context; latency = time / tokens
-           (1 / throughput); MFU = model FLOPs/s over
-           the matmul ceiling measured at the start of the run (common.matmul_tflops)
+           (1 / throughput); MFU = model FLOPs/s (ttt_bench/flops.py, analytic) over the matmul ceiling
+           measured at the start of the run (common.matmul_tflops)
 
 tokens_per_s counts every sequence of the batch. A model whose config does not exist is skipped with a note;
 a context that runs out of memory ends that model's sweep with a note.
@@ -18,6 +18,8 @@ import time
 import pandas as pd
 import torch
 import torch.nn.functional as F
+
+from ttt_bench import flops
 
 from . import common
 
@@ -83,9 +85,11 @@ class Bench:
         self.size = {k: getattr(args, k) for k in SIZE_KEYS}
         self.rows: list[dict] = []
 
-    def model(self, seq_len: int, device=None):
-        return common.build_model(self.name, self.args.size, self.size, self.args.vocab_size, seq_len,
-                                  self.args.set, device or self.device, self.dtype)
+    def cfg(self, seq_len: int):
+        return common.model_cfg(self.name, self.args.size, self.size, seq_len, self.args.set)
+
+    def model(self, seq_len: int):
+        return common.build_model(self.cfg(seq_len), self.args.vocab_size, self.device, self.dtype)
 
     def ids(self, batch: int, length: int) -> torch.Tensor:
         return torch.randint(0, self.args.vocab_size, (batch, length), device=self.device)
@@ -148,20 +152,10 @@ class Bench:
                 raise
             self.rows.append(dict(model=self.name, context=T, phase="train", note="out of memory"))
             return
-        flops = self.flops_per_step(batch, T)
-        tflops = flops / seconds / 1e12
+        tflops = flops.train_flops(self.cfg(T), a.vocab_size, batch * T) / seconds / 1e12
         self.row(model, T, "train", batch, seconds, batch * T, seconds / (batch * T), mem["mb"],
                  model_tflops_per_s=tflops,
                  mfu=tflops / ceiling_tflops)
-
-    def flops_per_step(self, batch: int, T: int) -> float:
-        """Training FLOPs (common.train_flops) counted at two short lengths t and 2t and extrapolated as
-        a T + c T^2: exact for per-token work and attention, the mini-batch count of TTT scales with T."""
-        t = min(T, 256)
-        f1, f2 = (common.train_flops(lambda n=n: self.model(n, "meta"), 1, n, self.args.vocab_size)
-                  for n in (t, 2 * t))
-        c = (f2 / (2 * t) - f1 / t) / t
-        return batch * T * (f1 / t + c * (T - t))
 
 
 def run(args) -> pd.DataFrame:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..io import write_atomic
 from .corpora import ReadStats
 from .tokenizers import fingerprint, from_spec
 
@@ -68,7 +69,8 @@ def load_tokens(cache_dir: Path, key: str, split: str) -> tuple[np.ndarray, dict
     return np.memmap(bin_path, dtype=dtype, mode="r"), meta
 
 
-def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str, num_proc: int = 1) -> tuple[np.ndarray, dict]:
+def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str,
+                 num_proc: int = 1) -> tuple[np.ndarray, dict]:
     import datasets
 
     folder = Path(cache_dir) / "tokens" / key
@@ -77,8 +79,8 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str, num_p
     datasets.disable_progress_bars()
     with tempfile.TemporaryDirectory(dir=folder) as hf_cache:
         try:
-            docs = datasets.Dataset.from_generator(_documents, cache_dir=hf_cache,
-                                                   gen_kwargs={"corpus": corpus, "split": split, "stats": stats})
+            docs = datasets.Dataset.from_generator(
+                _documents, cache_dir=hf_cache, gen_kwargs={"corpus": corpus, "split": split, "stats": stats})
         except datasets.exceptions.DatasetGenerationError as e:
             if isinstance(e.__cause__, UserError):  # e.g. a bad line with data.corpus.on_bad_line=error
                 raise e.__cause__ from None
@@ -90,8 +92,8 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str, num_p
                             "check data.corpus paths and filters")
         spec_json = json.dumps(tokenizer.spec, sort_keys=True)
         tokenized = docs.map(_tokenize_batch, batched=True, batch_size=64, fn_kwargs={"spec_json": spec_json},
-                             remove_columns=["text"], num_proc=num_proc if num_proc > 1 and len(docs) >= 2 * num_proc else None,
-                             desc=f"tokenizing {split}")
+                             remove_columns=["text"], desc=f"tokenizing {split}",
+                             num_proc=num_proc if num_proc > 1 and len(docs) >= 2 * num_proc else None)
         dtype = dtype_for(tokenizer.vocab_size)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".bin.tmp")
         n_tokens = n_bytes = 0
@@ -102,11 +104,9 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str, num_p
                     n_tokens += len(ids) + 1
                 n_bytes += int(np.sum(batch["n_bytes"]))
         os.replace(tmp, folder / f"{split}.bin")
-    meta = {"format": FORMAT_VERSION, "key": key, "split": split, "dtype": np.dtype(dtype).name, "n_tokens": n_tokens,
-            "n_bytes": n_bytes, "n_documents": stats.documents, "read_stats": asdict(stats),
-            "tokenizer": tokenizer.spec.get("kind")}
-    tmp_meta = folder / f"{split}.json.tmp"
-    tmp_meta.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp_meta, folder / f"{split}.json")
+    meta = {"format": FORMAT_VERSION, "key": key, "split": split, "dtype": np.dtype(dtype).name,
+            "n_tokens": n_tokens, "n_bytes": n_bytes, "n_documents": stats.documents,
+            "read_stats": asdict(stats), "tokenizer": tokenizer.spec.get("kind")}
+    write_atomic(folder / f"{split}.json", json.dumps(meta, indent=1))  # last: it marks the cache complete
     log.info("tokenized %s: %d tokens (%s)", split, n_tokens, stats.report())
     return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), meta

@@ -43,8 +43,14 @@ def causal_linear_attention(q, k, v, state=None, norm=None, normalize: bool = Fa
 
 
 class LinearAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, variant: str = "improved", rope: bool = False,
-                 rope_theta: float = 10_000.0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        variant: str = "improved",
+        rope: bool = False,
+        rope_theta: float = 10_000.0,
+    ):
         super().__init__()
         if variant not in ("katharopoulos", "improved"):
             raise ValueError(f"variant must be 'katharopoulos' or 'improved', got {variant!r}")
@@ -64,13 +70,15 @@ class LinearAttention(nn.Module):
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         start = cache.pos if cache is not None else 0
         if self.rope:
-            cos, sin = rope_cos_sin(torch.arange(start, start + T, device=x.device), self.head_dim,
-                                    self.rope_theta, q.dtype)
+            cos, sin = rope_cos_sin(
+                torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta, q.dtype
+            )
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.variant == "katharopoulos":
             q, k = F.elu(q) + 1, F.elu(k) + 1
-        z, state, norm = causal_linear_attention(q, k, v, cache and cache.state, cache and cache.norm,
-                                                 normalize=self.variant == "katharopoulos")
+        z, state, norm = causal_linear_attention(
+            q, k, v, cache and cache.state, cache and cache.norm, normalize=self.variant == "katharopoulos"
+        )
         if cache is not None:
             cache.state, cache.norm, cache.pos = state, norm, start + T
         z = z.transpose(1, 2).reshape(B, T, D)
@@ -80,8 +88,17 @@ class LinearAttention(nn.Module):
 class LinearAttentionBlock(nn.Module):
     """x + LinearAttention(RMSNorm(x)), then x + SwiGLU(RMSNorm(x))."""
 
-    def __init__(self, layer_idx: int, d_model: int, n_heads: int, mlp_hidden: int, variant: str = "improved",
-                 rope: bool = False, rope_theta: float = 10_000.0, norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        layer_idx: int,
+        d_model: int,
+        n_heads: int,
+        mlp_hidden: int,
+        variant: str = "improved",
+        rope: bool = False,
+        rope_theta: float = 10_000.0,
+        norm_eps: float = 1e-6,
+    ):
         super().__init__()
         self.layer_idx = layer_idx
         self.attn_norm = RMSNorm(d_model, norm_eps)

@@ -17,9 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writes (step-*.ckpt and last.ckpt) go through a temporary file and a rename, so a
-    crash mid-write leaves the previous file whole. `kill_in_write_at_step` is the test-only fault hook
-    `fault.kill_during=checkpoint_write` (faults.py): die halfway through writing the checkpoint of that step."""
+    """Lightning's checkpoint writes (step-*.ckpt and last.ckpt) go through a temporary file and a rename,
+    so a crash mid-write leaves the previous file whole. `kill_in_write_at_step` is the test-only fault hook
+    `fault.kill_during=checkpoint_write` (faults.py): die halfway through writing that step's checkpoint."""
 
     def __init__(self, kill_in_write_at_step: int | None = None):
         super().__init__()
@@ -38,12 +38,13 @@ def read_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:
     """The contents of a checkpoint written by `ttt-bench train`, or a UserError naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass the .ckpt file of a run (runs/<run>/checkpoints/last.ckpt)")
+        raise UserError(f"checkpoint {path} does not exist; pass the .ckpt file of a run "
+                        "(runs/<run>/checkpoints/last.ckpt)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as e:
-        raise UserError(f"checkpoint {path} is unreadable ({type(e).__name__}): truncated or not a checkpoint; "
-                        "use another one from the run's checkpoints/ folder") from None
+        raise UserError(f"checkpoint {path} is unreadable ({type(e).__name__}): truncated or not a "
+                        "checkpoint; use another one from the run's checkpoints/ folder") from None
     if "model_cfg" not in (ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}):
         raise UserError(f"{path} was not written by ttt-bench train (no model config inside)")
     return ckpt
@@ -62,7 +63,10 @@ def find_resume_checkpoint(ckpt_path: str | None, run_dir: Path, model_cfg: dict
     if ckpt_path:
         found = str(ckpt_path), read_checkpoint(ckpt_path)
     else:
-        files = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        folder = run_dir / "checkpoints"
+        for partial in folder.glob(".*.tmp"):  # left by a crash mid-write
+            partial.unlink()
+        files = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
         found = None
         for path in files:
             try:
@@ -75,9 +79,10 @@ def find_resume_checkpoint(ckpt_path: str | None, run_dir: Path, model_cfg: dict
     theirs, ours = _flat(found[1]["hyper_parameters"]["model_cfg"]), _flat(model_cfg)
     diff = sorted(k for k in theirs.keys() | ours.keys() if theirs.get(k) != ours.get(k))
     if diff:
-        raise UserError(f"checkpoint {found[0]} holds another model ({', '.join(f'{k}={theirs.get(k)}' for k in diff[:4])}, "
-                        f"this run has {', '.join(f'{k}={ours.get(k)}' for k in diff[:4])}); use the model/size overrides "
-                        "it was trained with, or another ckpt_path")
+        show = lambda cfg: ", ".join(f"{k}={cfg.get(k)}" for k in diff[:4])
+        raise UserError(f"checkpoint {found[0]} holds another model ({show(theirs)}, this run has "
+                        f"{show(ours)}); use the model/size overrides it was trained with, or another "
+                        "ckpt_path")
     return found
 
 

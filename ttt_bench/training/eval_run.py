@@ -19,7 +19,8 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
         raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
     module, _ = load_checkpoint(cfg.ckpt_path, map_location=cfg.device)
     hp = module.hparams
-    data_cfg = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True) if cfg.get("data") else hp["config"]["data"])
+    data = OmegaConf.to_container(cfg.data, resolve=True) if cfg.get("data") else hp["config"]["data"]
+    data_cfg = OmegaConf.create(data)
     data_cfg.tokenizer = hp["tokenizer"]  # always the model's own tokenizer
     if cfg.seq_len:
         data_cfg.seq_len = cfg.seq_len
@@ -28,8 +29,9 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     result = evaluate(module.model, dm.val_dataset(cfg.max_tokens), batch_size=cfg.batch_size)
     save_token_index(Path(out_dir) / "token_index.csv", result.pop("token_index_loss"))
     metrics = {"ckpt_path": str(cfg.ckpt_path), "model": hp["config"]["model"]["name"], "data": data_cfg.name,
-               "seq_len": data_cfg.seq_len, **result, "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token())}
+               "seq_len": data_cfg.seq_len, **result,
+               "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token())}
     write_json(Path(out_dir) / "metrics.json", metrics)
-    log.info("val loss %.4f, ppl %.3f, bpb %.4f over %d tokens; outputs in %s", metrics["val_loss"], metrics["val_ppl"],
-             metrics["val_bpb"], metrics["val_tokens"], out_dir)
+    log.info("val loss %.4f, ppl %.3f, bpb %.4f over %d tokens; outputs in %s", metrics["val_loss"],
+             metrics["val_ppl"], metrics["val_bpb"], metrics["val_tokens"], out_dir)
     return metrics

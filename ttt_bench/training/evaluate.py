@@ -20,7 +20,8 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 8, device=None) 
     per_position = None
     n_seqs = 0
     for start in range(0, len(dataset), batch_size):
-        batch = torch.stack([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]).to(device)
+        indices = range(start, min(start + batch_size, len(dataset)))
+        batch = torch.stack([dataset[i] for i in indices]).to(device)
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="none")
         loss = loss.view(batch.shape[0], -1).double().sum(0).cpu()

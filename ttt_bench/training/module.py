@@ -61,8 +61,9 @@ class LitLM(L.LightningModule):
     def _nonfinite(self, what: str) -> None:
         step = self.global_step + 1  # 1-based, as in losses.csv
         if self.nonfinite == "stop":
-            raise UserError(f"non-finite {what} at step {step}; the last good checkpoint is kept in the run's "
-                            "checkpoints/ folder; lower the learning rate, or set nonfinite=skip to skip such steps")
+            raise UserError(f"non-finite {what} at step {step}; the last good checkpoint is kept in the "
+                            "run's checkpoints/ folder; lower the learning rate, or skip such steps with "
+                            "nonfinite=skip")
         self.skipped_steps += 1
         log.warning("non-finite %s at step %d: update skipped (%d so far)", what, step, self.skipped_steps)
 
@@ -70,10 +71,10 @@ class LitLM(L.LightningModule):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads and not torch.isfinite(torch.stack([g.abs().max() for g in grads])).all():
             self._nonfinite("gradient")
-            optimizer.zero_grad(set_to_none=True)  # skip: AdamW leaves parameters without gradients as they are
+            optimizer.zero_grad(set_to_none=True)  # skip: AdamW leaves parameters without gradients alone
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
-        if self._resume_rng_states is not None:  # exactly where the interrupted run was (see on_save_checkpoint)
+        if self._resume_rng_states is not None:  # where the interrupted run was (see on_save_checkpoint)
             _set_rng_states(self._resume_rng_states)
             self._resume_rng_states = None
         for block in self.model.blocks:  # e.g. TTT-MLP's inner-LR warmup over the outer warmup
@@ -85,12 +86,13 @@ class LitLM(L.LightningModule):
 
     def configure_optimizers(self):
         r = self.recipe
-        # no weight decay on vectors (norms, biases) nor on parameters flagged `_no_weight_decay` (Mamba's A, D)
+        # no weight decay on vectors (norms, biases) nor on parameters flagged `_no_weight_decay` (Mamba A, D)
         decayed = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
         decay = [p for p in self.parameters() if p.requires_grad and decayed(p)]
         no_decay = [p for p in self.parameters() if p.requires_grad and not decayed(p)]
         opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": r["optimizer"]["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            [{"params": decay, "weight_decay": r["optimizer"]["weight_decay"]},
+             {"params": no_decay, "weight_decay": 0.0}],
             lr=r["lr"], betas=tuple(r["optimizer"]["betas"]), eps=r["optimizer"]["eps"])
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: warmup_cosine(s, self.max_steps, r["warmup_fraction"], r["lr"], r["min_lr"]))

@@ -3,7 +3,7 @@
 Run folder layout (Hydra's output dir):
     .hydra/config.yaml       resolved config            checkpoints/last.ckpt, step-*.ckpt
     metrics.csv              per-step CSV log           metrics.json   final summary
-    token_index.csv          final token-index losses   losses.csv     loss of every optimizer step (crash-safe)
+    token_index.csv          final token-index losses   losses.csv     loss of every optimizer step
 """
 
 import logging
@@ -32,21 +32,20 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     """Sequences per optimizer step from the recipe's fixed tokens-per-batch, and the gradient
     accumulation needed to reach it with the data's micro-batch size."""
     seq_len, micro = cfg.data.seq_len, cfg.data.micro_batch_size
-    tokens = cfg.recipe.tokens_per_batch
-    if seq_len < 1 or micro < 1 or tokens < 1:
-        raise UserError(f"data.seq_len ({seq_len}), data.micro_batch_size ({micro}) and recipe.tokens_per_batch "
-                        f"({tokens}) must all be >= 1")
+    tokens = cfg.recipe.tokens_per_batch  # all >= 1 (check_config)
     sequences = max(1, tokens // seq_len)
     per_step = micro * world_size
     if sequences % per_step:
-        raise UserError(f"recipe.tokens_per_batch={tokens} gives {sequences} sequences of {seq_len} tokens, not a "
-                        f"multiple of data.micro_batch_size x devices = {per_step}; change one of them")
-    return {"sequences_per_step": sequences, "accumulate": sequences // per_step, "tokens_per_step": sequences * seq_len}
+        raise UserError(f"recipe.tokens_per_batch={tokens} gives {sequences} sequences of {seq_len} tokens, "
+                        f"not a multiple of data.micro_batch_size x devices = {per_step}; change one of them")
+    return {"sequences_per_step": sequences, "accumulate": sequences // per_step,
+            "tokens_per_step": sequences * seq_len}
 
 
 class StepCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that does not save again the step a run resumed from: Lightning would rewrite step-N.ckpt and
-    last.ckpt after the first micro-batch, mid-accumulation, and a resume from those would misplace the next step."""
+    """ModelCheckpoint that does not save again the step a run resumed from: Lightning would rewrite
+    step-N.ckpt and last.ckpt after the first micro-batch, mid-accumulation, and a resume from those would
+    misplace the accumulation windows."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
@@ -97,12 +96,12 @@ def check_config(cfg: DictConfig) -> None:
         raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
                         "pick a number of heads that divides the width")
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine has none; "
-                        "use trainer=cpu (the default)")
+        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
+                        "has none; use trainer=cpu (the default)")
     seq_len, max_len = cfg.data.seq_len, cfg.model.get("max_seq_len")
     if max_len is not None and seq_len > max_len:
-        raise UserError(f"data.seq_len={seq_len} is above the model's maximum context model.max_seq_len={max_len}; "
-                        "use a shorter data.seq_len or raise model.max_seq_len")
+        raise UserError(f"data.seq_len={seq_len} is above the model's maximum context "
+                        f"model.max_seq_len={max_len}; use a shorter data.seq_len or raise model.max_seq_len")
     mini_batch = cfg.model.get("block", {}).get("mini_batch_size")
     if mini_batch is not None and not 1 <= mini_batch <= seq_len:
         raise UserError(f"model.block.mini_batch_size={mini_batch} must be between 1 and the context "
@@ -125,7 +124,8 @@ def build_module(cfg: DictConfig, dm) -> LitLM:
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     check_config(cfg)
-    world = int(cfg.trainer.get("num_nodes", 1)) * (torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices))
+    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
+    world = int(cfg.trainer.get("num_nodes", 1)) * devices
     geo = batch_geometry(cfg, max(1, world))
     found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
     resume, tokens_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
@@ -146,14 +146,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     checkpoint_io = AtomicCheckpointIO(kill_step if kill_during == "checkpoint_write" else None)
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=CSVLogger(run_dir, name="", version=""),
                           default_root_dir=run_dir, accumulate_grad_batches=geo["accumulate"],
-                          val_check_interval=cfg.eval_every_n_steps * geo["accumulate"], check_val_every_n_epoch=None,
-                          use_distributed_sampler=False, plugins=[checkpoint_io])
+                          val_check_interval=cfg.eval_every_n_steps * geo["accumulate"],
+                          check_val_every_n_epoch=None, use_distributed_sampler=False,
+                          plugins=[checkpoint_io])
     dm.samples_per_step = geo["sequences_per_step"]
     log.info("model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
              cfg.model.name, module.model.num_params(False) / 1e6, module.model.num_params() / 1e6,
-             cfg.trainer.max_steps, geo["tokens_per_step"], geo["accumulate"], f"; resuming {resume}" if resume else "")
+             cfg.trainer.max_steps, geo["tokens_per_step"], geo["accumulate"],
+             f"; resuming {resume}" if resume else "")
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # our own checkpoints (RNG states)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # ours, with numpy RNG states
     wall = time.perf_counter() - start
 
     result = evaluate(module.model, dm.val_dataset(), batch_size=cfg.data.micro_batch_size)

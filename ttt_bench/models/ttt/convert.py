@@ -27,14 +27,22 @@ pre_conv=True, share_qk=True, use_gate=True; the Transformer backbone all three 
 
 import re
 
-_TOP = [("embed.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight"),
-        ("lm_head.weight", "lm_head.weight")]
+_TOP = [
+    ("embed.weight", "model.embed_tokens.weight"),
+    ("norm.weight", "model.norm.weight"),
+    ("lm_head.weight", "lm_head.weight"),
+]
 _BLOCK = [  # (ours, theirs) prefixes inside a block; specific names before the general ones
-    ("pre_conv_norm.", "conv.norm."), ("pre_conv.", "conv.conv."), ("seq_norm.", "seq_norm."),
+    ("pre_conv_norm.", "conv.norm."),
+    ("pre_conv.", "conv.conv."),
+    ("seq_norm.", "seq_norm."),
     ("ttt.lr_weight", "seq_modeling_block.learnable_ttt_lr_weight"),
     ("ttt.lr_bias", "seq_modeling_block.learnable_ttt_lr_bias"),
-    ("ttt.token_idx_offset", "seq_modeling_block.learnable_token_idx"), ("ttt.", "seq_modeling_block."),
-    ("mlp_norm.", "ffn_norm."), ("mlp.w1.", "mlp.gate_proj."), ("mlp.w3.", "mlp.up_proj."),
+    ("ttt.token_idx_offset", "seq_modeling_block.learnable_token_idx"),
+    ("ttt.", "seq_modeling_block."),
+    ("mlp_norm.", "ffn_norm."),
+    ("mlp.w1.", "mlp.gate_proj."),
+    ("mlp.w3.", "mlp.up_proj."),
     ("mlp.w2.", "mlp.down_proj."),
 ]
 _OURS_BLOCK, _THEIRS_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)"), re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -53,7 +61,7 @@ def _rename(state_dict: dict, block_re, block_prefix: str, pairs: list, top: dic
         src, dst = next(((s, d) for s, d in pairs if rest.startswith(s)), (None, None))
         if src is None:
             raise KeyError(f"no counterpart for {key!r}")
-        out[f"{block_prefix}{i}.{dst}{rest[len(src):]}"] = value
+        out[f"{block_prefix}{i}.{dst}{rest[len(src) :]}"] = value
     return out
 
 
@@ -67,12 +75,35 @@ def from_authors(state_dict: dict) -> dict:
     return _rename(state_dict, _THEIRS_BLOCK, "blocks.", [(t, o) for o, t in _BLOCK], {t: o for o, t in _TOP})
 
 
-def authors_config(vocab_size: int, d_model: int, n_layers: int, n_heads: int, mlp_hidden: int,
-                   learner: str = "linear", backbone: str = "mamba", mini_batch_size: int = 16,
-                   eta_base: float = 1.0, rope_theta: float = 10_000.0, conv_kernel: int = 4) -> dict:
+def authors_config(
+    vocab_size: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    mlp_hidden: int,
+    learner: str = "linear",
+    backbone: str = "mamba",
+    mini_batch_size: int = 16,
+    eta_base: float = 1.0,
+    rope_theta: float = 10_000.0,
+    conv_kernel: int = 4,
+) -> dict:
     """Keyword arguments of their TTTConfig for the model our configuration builds."""
     mamba = backbone == "mamba"
-    return dict(vocab_size=vocab_size, hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
-                intermediate_size=mlp_hidden, ttt_layer_type=learner, mini_batch_size=mini_batch_size,
-                ttt_base_lr=eta_base, rope_theta=rope_theta, pre_conv=mamba, share_qk=mamba, use_gate=mamba,
-                conv_kernel=conv_kernel, tie_word_embeddings=True, rms_norm_eps=1e-6)
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        intermediate_size=mlp_hidden,
+        ttt_layer_type=learner,
+        mini_batch_size=mini_batch_size,
+        ttt_base_lr=eta_base,
+        rope_theta=rope_theta,
+        pre_conv=mamba,
+        share_qk=mamba,
+        use_gate=mamba,
+        conv_kernel=conv_kernel,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+    )

@@ -49,7 +49,9 @@ class InnerLossRecorder:
         return out
 
     def save(self, path: str | Path) -> None:
-        np.savez(path, **{f"layer{layer}_{key}": v for layer, d in self.losses().items() for key, v in d.items()})
+        np.savez(
+            path, **{f"layer{layer}_{key}": v for layer, d in self.losses().items() for key, v in d.items()}
+        )
 
 
 @contextmanager

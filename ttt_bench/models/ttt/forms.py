@@ -43,13 +43,18 @@ def dual_step(params: Params, xq, xk, xv, eta, ln=None, pending=None):
         if b is not None:
             z = z + b - eta @ G
         if pending is None:  # W_b = W - sum_s eta[c, s] x_s g_s^T, with matmuls (Section 2.5)
-            state += [W - (last * X).transpose(-1, -2) @ G, None if b is None else b - (last * G).sum(-2, True)]
+            state += [
+                W - (last * X).transpose(-1, -2) @ G,
+                None if b is None else b - (last * G).sum(-2, True),
+            ]
         else:
             sums, token_eta, lr = pending
             lr = lr.transpose(-1, -2)
             z = z - token_eta * (x @ sums[2 * k] + (0 if b is None else sums[2 * k + 1]))
-            state += [sums[2 * k] + (lr * X).transpose(-1, -2) @ G,
-                      None if b is None else sums[2 * k + 1] + (lr * G).sum(-2, True)]
+            state += [
+                sums[2 * k] + (lr * X).transpose(-1, -2) @ G,
+                None if b is None else sums[2 * k + 1] + (lr * G).sum(-2, True),
+            ]
         x = learner.gelu(z) if k < learner.n_layers(params) - 1 else z
     return (xq + learner.layer_norm(x, *ln) if ln is not None else x), tuple(state)
 
@@ -79,8 +84,10 @@ def token_weights(params: Params, xs: list, gs: list, eta, pending=None) -> tupl
 
 def last_token(per_token: tuple) -> tuple:
     """The last token's entry of per-token weights (or sums), shaped like the weights of a step."""
-    return tuple(None if p is None else p[..., -1, :, :] if i % 2 == 0 else p[..., -1:, :]
-                 for i, p in enumerate(per_token))
+    return tuple(
+        None if p is None else p[..., -1, :, :] if i % 2 == 0 else p[..., -1:, :]
+        for i, p in enumerate(per_token)
+    )
 
 
 def primal_step(params: Params, xq, xk, xv, eta, ln=None, pending=None):
@@ -103,7 +110,9 @@ def scan(step, params: Params, inputs: tuple, checkpoint_every: int = 0):
     mini-batches is recomputed during backward.
     """
     N = inputs[0].shape[2]
-    per_step = list(zip(*(x.unbind(2) for x in inputs)))  # one backward for all slices, not one per slice
+    per_step = list(
+        zip(*(x.unbind(2) for x in inputs), strict=True)
+    )  # one backward for all slices, not one per slice
 
     def run(lo, hi, *params):
         outs = []
@@ -149,8 +158,19 @@ def losses_step(params: Params, xk, xv, eta, params0: Params, ln=None):
     xs, gs = learner.grads(params, xk, xv, ln)
     W_t, _ = token_weights(params, xs, gs, eta)
     W_prev = tuple(  # W_{t-1}: the chunk's initial weights, then W_t shifted by one token
-        None if p is None else torch.cat([p.unsqueeze(-3), q[..., :-1, :, :]], -3) if i % 2 == 0
-        else torch.cat([p, q[..., :-1, :]], -2) for i, (p, q) in enumerate(zip(params, W_t)))
-    out = torch.stack([learner.loss(params0, xk, xv, ln), learner.loss(W_prev, xk, xv, ln, per_token=True),
-                       learner.loss(W_t, xk, xv, ln, per_token=True)], -1)
+        None
+        if p is None
+        else torch.cat([p.unsqueeze(-3), q[..., :-1, :, :]], -3)
+        if i % 2 == 0
+        else torch.cat([p, q[..., :-1, :]], -2)
+        for i, (p, q) in enumerate(zip(params, W_t, strict=True))
+    )
+    out = torch.stack(
+        [
+            learner.loss(params0, xk, xv, ln),
+            learner.loss(W_prev, xk, xv, ln, per_token=True),
+            learner.loss(W_t, xk, xv, ln, per_token=True),
+        ],
+        -1,
+    )
     return out, last_token(W_t)

@@ -39,7 +39,7 @@ class TTTCache:
 
 
 class CausalConv1d(nn.Conv1d):
-    """Depthwise temporal convolution over [B, T, C] that only looks back; `state` holds the previous inputs."""
+    """Depthwise temporal convolution over [B, T, C] that only looks back; `state`: the previous inputs."""
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__(channels, channels, kernel_size, groups=channels, bias=True)
@@ -50,7 +50,7 @@ class CausalConv1d(nn.Conv1d):
             state = x.new_zeros(x.shape[0], x.shape[1], self.kernel_size[0] - 1)
         x = torch.cat([state, x], dim=-1)
         y = F.conv1d(x, self.weight, self.bias, groups=self.groups)
-        return y.transpose(1, 2), x[..., x.shape[-1] - state.shape[-1]:]
+        return y.transpose(1, 2), x[..., x.shape[-1] - state.shape[-1] :]
 
 
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -61,16 +61,36 @@ def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 class TTTLayer(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, learner: str = "linear", mini_batch_size: int = 16,
-                 form: str = "dual", ln_residual: bool = True, inner_bias: bool = True, learnable_w0: bool = True,
-                 learnable_lr: bool = True, eta_base: float = 1.0, eta_warmup: bool = False,
-                 token_scaling: str = "learnable", rope: bool = True, rope_theta: float = 10_000.0,
-                 checkpoint_every: int = 0, share_qk: bool = False, use_gate: bool = False, conv_kernel: int = 4,
-                 mlp_expansion: int = 4):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        learner: str = "linear",
+        mini_batch_size: int = 16,
+        form: str = "dual",
+        ln_residual: bool = True,
+        inner_bias: bool = True,
+        learnable_w0: bool = True,
+        learnable_lr: bool = True,
+        eta_base: float = 1.0,
+        eta_warmup: bool = False,
+        token_scaling: str = "learnable",
+        rope: bool = True,
+        rope_theta: float = 10_000.0,
+        checkpoint_every: int = 0,
+        share_qk: bool = False,
+        use_gate: bool = False,
+        conv_kernel: int = 4,
+        mlp_expansion: int = 4,
+    ):
         super().__init__()
         if d_model % n_heads or (d_model // n_heads) % 2:
             raise ValueError(f"n_heads={n_heads} must divide d_model={d_model} into an even head dimension")
-        if learner not in LEARNERS or form not in forms.STEPS or token_scaling not in ("none", "fixed", "learnable"):
+        if (
+            learner not in LEARNERS
+            or form not in forms.STEPS
+            or token_scaling not in ("none", "fixed", "learnable")
+        ):
             raise ValueError(f"unknown learner={learner!r}, form={form!r} or token_scaling={token_scaling!r}")
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be positive, got {mini_batch_size}")
@@ -99,22 +119,31 @@ class TTTLayer(nn.Module):
             self.lr_weight = nn.Parameter(torch.zeros(H, 1, d_model)) if learnable_lr else None
             self.lr_bias = nn.Parameter(torch.zeros(H, 1)) if learnable_lr else None
             # the i-th token of a mini-batch scales its summed gradients by 1/i (+ a learned offset, >= 0)
-            scale = 1.0 / torch.arange(1, mini_batch_size + 1) if token_scaling != "none" else torch.ones(mini_batch_size)
+            scale = (
+                1.0 / torch.arange(1, mini_batch_size + 1)
+                if token_scaling != "none"
+                else torch.ones(mini_batch_size)
+            )
             self.register_buffer("token_idx", scale, persistent=False)
-            self.token_idx_offset = nn.Parameter(torch.zeros(mini_batch_size)) if token_scaling == "learnable" else None
+            self.token_idx_offset = (
+                nn.Parameter(torch.zeros(mini_batch_size)) if token_scaling == "learnable" else None
+            )
             self.ttt_norm_weight = nn.Parameter(torch.ones(H, f)) if ln_residual else None
             self.ttt_norm_bias = nn.Parameter(torch.zeros(H, f)) if ln_residual else None
             # W_0 = theta_init (Section 2.7), or 0; per head, one (W, b) per layer of f
             dims = [f, f] if learner == "linear" else [f, mlp_expansion * f, f]
             for k in range(len(dims) - 1):
-                W, b = torch.zeros(H, dims[k], dims[k + 1]), torch.zeros(H, 1, dims[k + 1]) if inner_bias else None
+                W, b = (
+                    torch.zeros(H, dims[k], dims[k + 1]),
+                    torch.zeros(H, 1, dims[k + 1]) if inner_bias else None,
+                )
                 register = self.register_parameter if learnable_w0 else self.register_buffer
                 register(f"W{k + 1}", nn.Parameter(W) if learnable_w0 else W)
                 register(f"b{k + 1}", nn.Parameter(b) if learnable_w0 and inner_bias else b)
         self.init_special_parameters()
 
     def init_special_parameters(self) -> None:
-        """The authors' init: W_0 ~ N(0, 0.02), biases 0, LN 1/0, theta_lr ~ N(0, 0.02); convs as PyTorch's."""
+        """The authors' init: W_0 ~ N(0, 0.02), biases 0, LN 1/0, theta_lr ~ N(0, 0.02), convs as PyTorch."""
         with torch.no_grad():
             if self.learner != "kernel":
                 for name, p in self.named_parameters(recurse=False):
@@ -133,8 +162,10 @@ class TTTLayer(nn.Module):
 
     def initial_params(self, batch_size: int) -> tuple:
         names = ("W1", "b1") if self.learner == "linear" else ("W1", "b1", "W2", "b2")
-        return tuple(None if getattr(self, n) is None else getattr(self, n).expand(batch_size, *getattr(self, n).shape)
-                     for n in names)
+        return tuple(
+            None if getattr(self, n) is None else getattr(self, n).expand(batch_size, *getattr(self, n).shape)
+            for n in names
+        )
 
     def ln(self):
         if not self.ln_residual:
@@ -164,10 +195,15 @@ class TTTLayer(nn.Module):
         te = self.token_eta(start, c)
         if sums is None:
             sums = tuple(None if p is None else torch.zeros_like(p) for p in params)
-        z, sums = forms.primal_step(params, xq, xk, xv, self.eta(te, lr), self.ln(),
-                                    pending=(sums, te[:, None], lr[..., None, :]))
+        z, sums = forms.primal_step(
+            params, xq, xk, xv, self.eta(te, lr), self.ln(), pending=(sums, te[:, None], lr[..., None, :])
+        )
         if start + c == self.mini_batch_size:  # complete: W_b = W_{t'} - token_eta[b] * sums   (Eq. 6)
-            return z, tuple(None if p is None else p - te[-1] * s for p, s in zip(params, sums)), None
+            return (
+                z,
+                tuple(None if p is None else p - te[-1] * s for p, s in zip(params, sums, strict=True)),
+                None,
+            )
         return z, params, sums
 
     def _ttt(self, xq, xk, xv, lr, cache: TTTCache | None) -> torch.Tensor:
@@ -178,25 +214,36 @@ class TTTLayer(nn.Module):
         if cache is not None and cache.pos % b:  # finish the mini-batch begun by an earlier call
             start = cache.pos % b
             t = min(T, b - start)
-            z, params, cache.sums = self._continue(params, cache.sums, xq[:, :, :t], xk[:, :, :t], xv[:, :, :t],
-                                                   lr[..., :t], start)
+            z, params, cache.sums = self._continue(
+                params, cache.sums, xq[:, :, :t], xk[:, :, :t], xv[:, :, :t], lr[..., :t], start
+            )
             outs.append(z)
         N = (T - t) // b
         if N:  # complete mini-batches, [B, H, N, b, .]
             split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
             eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
             if self.learner == "linear" and self.form == "dual":
-                Z, *params = ttt_linear_dual(split(xq), split(xk), split(xv), eta, *params, *(ln or (None, None)),
-                                             checkpoint_every=self.checkpoint_every)
+                Z, *params = ttt_linear_dual(
+                    split(xq),
+                    split(xk),
+                    split(xv),
+                    eta,
+                    *params,
+                    *(ln or (None, None)),
+                    checkpoint_every=self.checkpoint_every,
+                )
             else:
-                Z, params = forms.ttt_scan(self.form, params, split(xq), split(xk), split(xv), eta, ln,
-                                           self.checkpoint_every)
+                Z, params = forms.ttt_scan(
+                    self.form, params, split(xq), split(xk), split(xv), eta, ln, self.checkpoint_every
+                )
             outs.append(Z.reshape(B, H, N * b, f))
             t += N * b
         if t < T:  # the remainder: a mini-batch shorter than b
             rest = lambda v: v[:, :, t:]
             if cache is not None:
-                z, params, cache.sums = self._continue(params, None, rest(xq), rest(xk), rest(xv), lr[..., t:], 0)
+                z, params, cache.sums = self._continue(
+                    params, None, rest(xq), rest(xk), rest(xv), lr[..., t:], 0
+                )
             else:
                 eta = self.eta(self.token_eta(0, T - t), lr[..., t:])
                 z, _ = forms.STEPS[self.form](params, rest(xq), rest(xk), rest(xv), eta, ln)
@@ -207,7 +254,7 @@ class TTTLayer(nn.Module):
 
     @torch.no_grad()
     def _record_inner_losses(self, xk, xv, lr) -> None:
-        """l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per position, averaged over heads and sequences (Figure 5)."""
+        """l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per position, mean over heads and sequences (Fig. 5)."""
         B, H, T, f = xk.shape
         b, ln, params = self.mini_batch_size, self.ln(), self.initial_params(B)
         step = lambda p, k, v, e: forms.losses_step(p, k, v, e, params0=self.initial_params(B), ln=ln)
@@ -218,8 +265,14 @@ class TTTLayer(nn.Module):
             out, params = forms.scan(step, params, (split(xk), split(xv), eta))
             outs.append(out.reshape(B, H, N * b, 3))
         if T > N * b:
-            outs.append(step(params, xk[:, :, N * b :], xv[:, :, N * b :],
-                             self.eta(self.token_eta(0, T - N * b), lr[..., N * b :]))[0])
+            outs.append(
+                step(
+                    params,
+                    xk[:, :, N * b :],
+                    xv[:, :, N * b :],
+                    self.eta(self.token_eta(0, T - N * b), lr[..., N * b :]),
+                )[0]
+            )
         self.diagnostics.add(self.layer_idx, torch.cat(outs, 2).mean((0, 1)), B)
 
     # ---- forward ----
@@ -268,8 +321,17 @@ class TTTBlock(nn.Module):
     Every keyword argument beyond the block's own goes to TTTLayer (learner, mini_batch_size, form, ...).
     """
 
-    def __init__(self, layer_idx: int, d_model: int, n_heads: int, mlp_hidden: int, backbone: str = "mamba",
-                 conv_kernel: int = 4, norm_eps: float = 1e-6, **ttt):
+    def __init__(
+        self,
+        layer_idx: int,
+        d_model: int,
+        n_heads: int,
+        mlp_hidden: int,
+        backbone: str = "mamba",
+        conv_kernel: int = 4,
+        norm_eps: float = 1e-6,
+        **ttt,
+    ):
         super().__init__()
         if backbone not in ("mamba", "transformer"):
             raise ValueError(f"backbone must be 'mamba' or 'transformer', got {backbone!r}")

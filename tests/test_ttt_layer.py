@@ -1,0 +1,129 @@
+"""TTT blocks in the language model: decoding, configs (Table 1, paper sizes), diagnostics, conversion."""
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from ttt_bench.config import compose
+from ttt_bench.models.lm import LanguageModel
+from ttt_bench.models.ttt import TTTBlock
+from ttt_bench.models.ttt.convert import from_authors, to_authors
+from ttt_bench.models.ttt.diagnostics import record_inner_losses
+
+
+@pytest.fixture(autouse=True, scope="module")
+def float64_single_thread():
+    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    yield
+    torch.set_default_dtype(dtype)
+    torch.set_num_threads(threads)
+
+
+def tiny_model(n_layers: int = 2, **block) -> LanguageModel:
+    torch.manual_seed(0)
+    block = {"d_model": 16, "n_heads": 2, "mlp_hidden": 32, "mini_batch_size": 4, **block}
+    model = LanguageModel(64, block["d_model"], n_layers, partial(TTTBlock, **block)).eval()
+    with torch.no_grad():  # move LN weights, biases and offsets off their init
+        for name, p in model.named_parameters():
+            if p.dim() < 2 or "norm" in name or "b1" in name or "lr_bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("backbone", ["mamba", "transformer"])
+@pytest.mark.parametrize("learner", ["linear", "mlp", "kernel"])
+@pytest.mark.parametrize("prompt", [6, 8])
+def test_decode_token_by_token_equals_full_forward(backbone, learner, prompt):
+    model = tiny_model(backbone=backbone, learner=learner)
+    ids = torch.randint(0, 64, (2, 15))
+    full = model(ids)
+    caches = model.init_caches(2)
+    logits = [model(ids[:, :prompt], caches)]  # prefill (dual form), then one token at a time (primal)
+    logits += [model(ids[:, t : t + 1], caches) for t in range(prompt, 11)]
+    logits.append(model(ids[:, 11:], caches))  # a chunk across a mini-batch boundary
+    assert torch.allclose(torch.cat(logits, 1), full, rtol=0, atol=1e-10)
+
+
+def test_eta_warmup_hook():
+    model = tiny_model(learner="mlp", eta_warmup=True)
+    block = model.blocks[0]
+    block.on_train_step(4, 10)
+    assert block.ttt.eta_scale == pytest.approx(0.5)
+    block.on_train_step(50, 10)
+    assert block.ttt.eta_scale == 1.0
+
+
+# Table 1 of the paper, row by row, as overrides of the model configs (docs/ttt_layer.md).
+EQUIVALENCE = [
+    "model=ttt_linear",
+    "model.block.backbone=transformer",
+    "model.block.mini_batch_size=${data.seq_len}",
+    "model.block.learnable_w0=false",
+    "model.block.inner_bias=false",
+    "model.block.ln_residual=false",
+    "model.block.learnable_lr=false",
+    "model.block.token_scaling=none",
+    "model.block.rope=false",
+]
+TABLE_1 = {
+    "linear attention": ["model=linear_attention", "model.block.variant=katharopoulos"],
+    "linear attn. improved": ["model=linear_attention", "model.block.variant=improved"],
+    "TTT equivalence": EQUIVALENCE,
+    "+ learnable W0": EQUIVALENCE[:3] + EQUIVALENCE[4:],
+    "+ LN and residual in f": EQUIVALENCE[:3] + EQUIVALENCE[6:],
+    "+ mini-batch TTT": EQUIVALENCE[:2] + ["model.block.learnable_lr=false"],
+    "+ learnable eta": EQUIVALENCE[:2],
+    "+ Mamba backbone": ["model=ttt_linear"],
+}
+
+
+@pytest.mark.parametrize("row", list(TABLE_1))
+def test_table_1_rows_are_configs(row):
+    cfg = compose("train", TABLE_1[row] + ["size=xs", "data.seq_len=24"])
+    model = instantiate(cfg.model, vocab_size=32)
+    assert model(torch.randint(0, 32, (1, 24))).shape == (1, 24, 32)
+
+
+@pytest.mark.parametrize("model_name", ["ttt_linear", "ttt_mlp"])
+@pytest.mark.parametrize("size,nominal", [("125m", 125e6), ("350m", 350e6), ("760m", 760e6), ("1.3b", 1.3e9)])
+def test_paper_sizes_have_nominal_parameter_counts(model_name, size, nominal):
+    cfg = compose("train", [f"model={model_name}", f"size={size}"])
+    with torch.device("meta"):
+        model = instantiate(cfg.model, vocab_size=50277)
+    assert abs(model.num_params(non_embedding=False) / nominal - 1) < 0.06
+
+
+def test_diagnostics_record_inner_losses(tmp_path):
+    model = tiny_model(learner="linear")
+    ids = torch.randint(0, 64, (3, 10))
+    with torch.no_grad(), record_inner_losses(model) as rec:
+        logits = model(ids)
+        model(ids[:, :7])
+    assert torch.equal(logits, model(ids))  # recording does not change the function
+    losses = rec.losses()
+    assert sorted(losses) == [0, 1]
+    for layer in losses.values():
+        assert all(v.shape == (10,) and np.isfinite(v).all() for v in layer.values())
+        assert layer["prev"][0] == pytest.approx(layer["w0"][0])  # W_{t-1} = W_0 for the first token
+    rec.save(tmp_path / "inner.npz")
+    assert set(np.load(tmp_path / "inner.npz").files) == {
+        f"layer{i}_{k}" for i in (0, 1) for k in ("w0", "prev", "now")
+    }
+    assert model.blocks[0].ttt.diagnostics is None
+
+
+@pytest.mark.parametrize("backbone", ["mamba", "transformer"])
+def test_convert_round_trip(backbone):
+    model = tiny_model(learner="mlp", backbone=backbone)
+    sd = model.state_dict()
+    theirs = to_authors(sd)
+    assert "model.layers.1.seq_modeling_block.learnable_ttt_lr_weight" in theirs
+    assert "model.layers.0.mlp.gate_proj.weight" in theirs and "model.embed_tokens.weight" in theirs
+    assert ("model.layers.0.conv.conv.weight" in theirs) == (backbone == "mamba")
+    back = from_authors(theirs)
+    assert back.keys() == sd.keys() and all(back[k] is sd[k] for k in sd)
