@@ -11,10 +11,17 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("TTT_BENCH_DATA_DIR", REPO.parent / "shared" / "data"))
 
 # Tiny synthetic corpus + batch geometry for end-to-end runs (seconds, not minutes).
-TINY = ["data.corpus.train_docs=24", "data.corpus.validation_docs=4", "data.corpus.mean_doc_bytes=4000",
-        "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=512", "data.num_proc=1",
-        "data.val_tokens=4096",
-        "trainer.enable_progress_bar=false"]
+TINY = [
+    "data.corpus.train_docs=24",
+    "data.corpus.validation_docs=4",
+    "data.corpus.mean_doc_bytes=4000",
+    "data.seq_len=64",
+    "data.micro_batch_size=4",
+    "recipe.tokens_per_batch=512",
+    "data.num_proc=1",
+    "data.val_tokens=4096",
+    "trainer.enable_progress_bar=false",
+]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -28,5 +35,7 @@ def _isolated_paths(tmp_path_factory):
 @pytest.fixture
 def shared_data() -> Path:
     if not (DATA_DIR / "pile-mini" / "train.jsonl.zst").is_file():
-        pytest.skip(f"real corpora not found at {DATA_DIR} (set TTT_BENCH_DATA_DIR to the folder holding pile-mini/)")
+        pytest.skip(
+            f"real corpora not found at {DATA_DIR} (set TTT_BENCH_DATA_DIR to the folder holding pile-mini/)"
+        )
     return DATA_DIR

@@ -6,7 +6,10 @@ from omegaconf import OmegaConf
 from ttt_bench.config import compose
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ["model", "size", "data", "recipe", "trainer"]}
+GROUPS = {
+    g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))
+    for g in ["model", "size", "data", "recipe", "trainer"]
+}
 
 
 @pytest.mark.parametrize("size", GROUPS["size"])
@@ -20,7 +23,9 @@ def test_every_model_and_size_composes_and_resolves(model, size):
 @pytest.mark.parametrize("group", ["data", "recipe", "trainer"])
 def test_every_option_of_other_groups_composes(group):
     for option in GROUPS[group]:
-        cfg = compose("train", [f"{group}={option}"] + (["data.corpus.train_files=x.txt"] if option == "text" else []))
+        cfg = compose(
+            "train", [f"{group}={option}"] + (["data.corpus.train_files=x.txt"] if option == "text" else [])
+        )
         OmegaConf.to_container(cfg[group], resolve=True)
 
 
@@ -28,7 +33,9 @@ def test_recipe_is_the_papers_improved_recipe():
     r = compose("train", ["size=125m", "recipe=paper"])
     assert tuple(r.recipe.optimizer.betas) == (0.9, 0.95) and r.recipe.optimizer.weight_decay == 0.1
     assert r.recipe.grad_clip == 1.0 and r.recipe.warmup_fraction == 0.1 and r.recipe.min_lr == 1e-5
-    assert r.recipe.tokens_per_batch == 2**19 and r.trainer.max_steps == 4769  # Table 3: 4800 steps, 2.5B tokens
+    assert (
+        r.recipe.tokens_per_batch == 2**19 and r.trainer.max_steps == 4769
+    )  # Table 3: 4800 steps, 2.5B tokens
     assert r.recipe.lr == 3e-3
 
 

@@ -40,8 +40,13 @@ def test_byte_tokenizer_roundtrip():
 
 def test_packing_puts_eos_between_documents_and_covers_every_token(tmp_path):
     shard = write_shard(tmp_path / "t.jsonl.zst", [{"text": "abc"}, {"text": "defg"}])
-    dm = LMDataModule(LocalCorpus(train_files=shard, validation_files=shard), {"kind": "byte"}, seq_len=3,
-                      micro_batch_size=1, cache_dir=str(tmp_path / "cache"))
+    dm = LMDataModule(
+        LocalCorpus(train_files=shard, validation_files=shard),
+        {"kind": "byte"},
+        seq_len=3,
+        micro_batch_size=1,
+        cache_dir=str(tmp_path / "cache"),
+    )
     dm.prepare_data()
     tokens = np.asarray(dm.tokens["train"])
     assert tokens.tolist() == [97, 98, 99, 256, 100, 101, 102, 103, 256]
@@ -61,7 +66,9 @@ def test_token_cache_is_reused_and_keyed_by_tokenizer(tmp_path):
     dm2.prepare_data()
     assert (folders[0] / "train.bin").stat().st_mtime_ns == mtime  # read from cache, not rebuilt
     np.testing.assert_array_equal(dm.tokens["train"], dm2.tokens["train"])
-    dm3 = LMDataModule(corpus, {"kind": "bpe", "vocab_size": 300}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+    dm3 = LMDataModule(
+        corpus, {"kind": "bpe", "vocab_size": 300}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path)
+    )
     dm3.prepare_data()
     assert len(list((tmp_path / "tokens").iterdir())) == 2  # another tokenizer, another cache
     assert dm3.vocab_size == 300 and len(dm3.tokens["train"]) < len(dm.tokens["train"])
@@ -80,17 +87,24 @@ def test_train_and_validation_are_disjoint(tmp_path):
 
 
 def test_pile_format_filter_bad_lines_and_non_utf8(tmp_path):
-    shard = write_shard(tmp_path / "p.jsonl.zst", [
-        {"text": "a book", "meta": {"pile_set_name": "Books3"}},
-        {"text": "some code", "meta": {"pile_set_name": "Github"}},
-        b"{not json",
-        {"meta": {"pile_set_name": "Books3"}},
-        b'{"text": "caf\xe9 latin-1", "meta": {"pile_set_name": "Books3"}}',
-    ])
+    shard = write_shard(
+        tmp_path / "p.jsonl.zst",
+        [
+            {"text": "a book", "meta": {"pile_set_name": "Books3"}},
+            {"text": "some code", "meta": {"pile_set_name": "Github"}},
+            b"{not json",
+            {"meta": {"pile_set_name": "Books3"}},
+            b'{"text": "caf\xe9 latin-1", "meta": {"pile_set_name": "Books3"}}',
+        ],
+    )
     from ttt_bench.data.corpora import ReadStats
 
     stats = ReadStats()
-    docs = list(LocalCorpus(train_files=shard, validation_files=shard, pile_set_names=["Books3"]).documents("train", stats))
+    docs = list(
+        LocalCorpus(train_files=shard, validation_files=shard, pile_set_names=["Books3"]).documents(
+            "train", stats
+        )
+    )
     assert docs == ["a book", "caf\ufffd latin-1"]
     assert (stats.filtered_out, stats.bad_lines, stats.missing_text, stats.non_utf8_documents) == (1, 1, 1, 1)
     with pytest.raises(UserError, match="not a JSON object"):
@@ -101,8 +115,13 @@ def test_missing_files_and_too_small_corpus_are_clear_errors(tmp_path):
     with pytest.raises(UserError, match="no files match"):
         LocalCorpus(train_files=str(tmp_path / "nothing*.jsonl.zst")).fingerprint()
     shard = write_shard(tmp_path / "small.jsonl.zst", [{"text": "tiny"}])
-    dm = LMDataModule(LocalCorpus(train_files=shard, validation_files=shard), {"kind": "byte"}, seq_len=64,
-                      micro_batch_size=1, cache_dir=str(tmp_path / "c"))
+    dm = LMDataModule(
+        LocalCorpus(train_files=shard, validation_files=shard),
+        {"kind": "byte"},
+        seq_len=64,
+        micro_batch_size=1,
+        cache_dir=str(tmp_path / "c"),
+    )
     with pytest.raises(UserError, match="fewer than one sequence"):
         dm.prepare_data()
 
@@ -119,7 +138,10 @@ def test_sampler_resumes_mid_stream_and_splits_ranks():
 
 
 def test_real_pile_mini_reads(shared_data, tmp_path):
-    corpus = LocalCorpus(train_files=str(shared_data / "pile-mini" / "train.jsonl.zst"), max_documents=20,
-                         pile_set_names=["Github"])
+    corpus = LocalCorpus(
+        train_files=str(shared_data / "pile-mini" / "train.jsonl.zst"),
+        max_documents=20,
+        pile_set_names=["Github"],
+    )
     docs = list(corpus.documents("train"))
     assert len(docs) == 20 and all(isinstance(d, str) and d for d in docs)

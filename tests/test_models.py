@@ -15,8 +15,9 @@ PAPER_VOCAB = 50277
 
 
 def tiny_model(name: str, **overrides) -> torch.nn.Module:
-    cfg = compose("train", [f"model={name}", "size=xs", "data.seq_len=64",
-                            *[f"{k}={v}" for k, v in overrides.items()]])
+    cfg = compose(
+        "train", [f"model={name}", "size=xs", "data.seq_len=64", *[f"{k}={v}" for k, v in overrides.items()]]
+    )
     torch.manual_seed(0)
     return instantiate(cfg.model, vocab_size=97).double().eval()
 

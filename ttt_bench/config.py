@@ -20,7 +20,9 @@ def _slug(overrides: str) -> str:
     if not overrides:
         return "default"
     # no '=' or ',' in folder names: they would need quoting in a later `ckpt_path=` override
-    safe = "".join(c if c.isalnum() or c in ".-_+" else "_" for c in overrides.replace("=", "-").replace(",", "__"))
+    safe = "".join(
+        c if c.isalnum() or c in ".-_+" else "_" for c in overrides.replace("=", "-").replace(",", "__")
+    )
     if len(safe) <= 120:
         return safe
     return safe[:100] + "-" + hashlib.sha256(overrides.encode()).hexdigest()[:12]
@@ -46,4 +48,6 @@ def compose(config_name: str = "train", overrides: list[str] | None = None) -> D
     from hydra import initialize_config_module
 
     with initialize_config_module("ttt_bench.conf", version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=list(overrides or []), return_hydra_config=False)
+        return hydra_compose(
+            config_name=config_name, overrides=list(overrides or []), return_hydra_config=False
+        )

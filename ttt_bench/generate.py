@@ -4,8 +4,15 @@ import torch
 
 
 @torch.no_grad()
-def sample(model, prompt_ids: list[int], max_new_tokens: int = 200, temperature: float = 0.8, top_k: int | None = 50,
-           eos_id: int | None = None, seed: int = 0) -> list[int]:
+def sample(
+    model,
+    prompt_ids: list[int],
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    eos_id: int | None = None,
+    seed: int = 0,
+) -> list[int]:
     """Prefill the prompt in one pass, then decode one token at a time from the cache."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)

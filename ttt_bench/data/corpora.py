@@ -34,9 +34,11 @@ class ReadStats:
     non_utf8_documents: int = 0
 
     def report(self) -> str:
-        return (f"{self.documents} documents read, {self.filtered_out} filtered out by pile_set_name, "
-                f"{self.bad_lines} unreadable lines, {self.missing_text} without 'text', "
-                f"{self.non_utf8_documents} with non-UTF-8 bytes replaced")
+        return (
+            f"{self.documents} documents read, {self.filtered_out} filtered out by pile_set_name, "
+            f"{self.bad_lines} unreadable lines, {self.missing_text} without 'text', "
+            f"{self.non_utf8_documents} with non-UTF-8 bytes replaced"
+        )
 
 
 def _sha(*parts) -> str:
@@ -58,7 +60,9 @@ class SyntheticCorpus:
     vocab: int = 2048
 
     def fingerprint(self) -> str:
-        return _sha("synthetic-v1", self.seed, self.train_docs, self.validation_docs, self.mean_doc_bytes, self.vocab)
+        return _sha(
+            "synthetic-v1", self.seed, self.train_docs, self.validation_docs, self.mean_doc_bytes, self.vocab
+        )
 
     def documents(self, split: str, stats: ReadStats | None = None) -> Iterator[str]:
         lang = SyntheticLanguage(seed=self.seed, vocab=self.vocab)
@@ -71,10 +75,14 @@ class SyntheticCorpus:
 
 def expand_globs(patterns: str | list[str], what: str) -> list[str]:
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-    files = sorted({f for p in patterns for f in glob.glob(os.path.expanduser(p), recursive=True) if os.path.isfile(f)})
+    files = sorted(
+        {f for p in patterns for f in glob.glob(os.path.expanduser(p), recursive=True) if os.path.isfile(f)}
+    )
     if not files:
-        raise UserError(f"no files match {what} = {patterns}; point it at existing .jsonl.zst/.jsonl/.txt files "
-                        "(e.g. data.corpus.train_files=/path/to/pile/train/*.jsonl.zst)")
+        raise UserError(
+            f"no files match {what} = {patterns}; point it at existing .jsonl.zst/.jsonl/.txt files "
+            "(e.g. data.corpus.train_files=/path/to/pile/train/*.jsonl.zst)"
+        )
     return files
 
 
@@ -115,7 +123,9 @@ class LocalCorpus:
         if self.on_bad_line not in ("skip", "error"):
             raise UserError(f"data.corpus.on_bad_line must be 'skip' or 'error', got '{self.on_bad_line}'")
         if not self.train_files:
-            raise UserError("data.corpus.train_files is empty; set it to a glob of .jsonl.zst/.jsonl/.txt files")
+            raise UserError(
+                "data.corpus.train_files is empty; set it to a glob of .jsonl.zst/.jsonl/.txt files"
+            )
 
     def _files(self, split: str) -> list[str]:
         if split == "validation" and self.validation_files:
@@ -123,9 +133,19 @@ class LocalCorpus:
         return expand_globs(self.train_files, "data.corpus.train_files")
 
     def fingerprint(self) -> str:
-        files = {s: [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in self._files(s)] for s in SPLITS}
-        return _sha("local-v1", files, self.pile_set_names, self.val_fraction, self.on_bad_line, self.text_field,
-                    self.max_documents, bool(self.validation_files))
+        files = {
+            s: [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in self._files(s)] for s in SPLITS
+        }
+        return _sha(
+            "local-v1",
+            files,
+            self.pile_set_names,
+            self.val_fraction,
+            self.on_bad_line,
+            self.text_field,
+            self.max_documents,
+            bool(self.validation_files),
+        )
 
     def documents(self, split: str, stats: ReadStats | None = None) -> Iterator[str]:
         stats = stats if stats is not None else ReadStats()
@@ -164,15 +184,19 @@ class LocalCorpus:
         except ValueError as e:
             stats.bad_lines += 1
             if self.on_bad_line == "error":
-                raise UserError(f"{path}:{lineno}: not a JSON object ({e}); fix the shard or set "
-                                "data.corpus.on_bad_line=skip") from None
+                raise UserError(
+                    f"{path}:{lineno}: not a JSON object ({e}); fix the shard or set "
+                    "data.corpus.on_bad_line=skip"
+                ) from None
             return None
         text = record.get(self.text_field)
         if not isinstance(text, str):
             stats.missing_text += 1
             if self.on_bad_line == "error":
-                raise UserError(f"{path}:{lineno}: document has no '{self.text_field}' string field; set "
-                                "data.corpus.text_field or data.corpus.on_bad_line=skip")
+                raise UserError(
+                    f"{path}:{lineno}: document has no '{self.text_field}' string field; set "
+                    "data.corpus.text_field or data.corpus.on_bad_line=skip"
+                )
             return None
         if self.pile_set_names:
             name = (record.get("meta") or {}).get("pile_set_name")
@@ -194,8 +218,15 @@ class HubCorpus:
     max_documents: int | None = None
 
     def fingerprint(self) -> str:
-        return _sha("hub-v1", self.path, self.name, self.text_field, self.train_split, self.validation_split,
-                    self.max_documents)
+        return _sha(
+            "hub-v1",
+            self.path,
+            self.name,
+            self.text_field,
+            self.train_split,
+            self.validation_split,
+            self.max_documents,
+        )
 
     def documents(self, split: str, stats: ReadStats | None = None) -> Iterator[str]:
         import datasets
@@ -204,8 +235,10 @@ class HubCorpus:
         try:
             ds = datasets.load_dataset(self.path, self.name, split=hub_split, streaming=True)
         except Exception as e:
-            raise UserError(f"could not load hub dataset '{self.path}' split '{hub_split}' ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200]}); check the name and network, or use local files") from None
+            raise UserError(
+                f"could not load hub dataset '{self.path}' split '{hub_split}' ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200]}); check the name and network, or use local files"
+            ) from None
         for i, row in enumerate(ds):
             if self.max_documents and i >= self.max_documents:
                 break

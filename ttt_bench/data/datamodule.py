@@ -54,15 +54,33 @@ class EpochShuffleSampler(Sampler[int]):
 
 
 class LMDataModule(L.LightningDataModule):
-    def __init__(self, corpus, tokenizer: dict, seq_len: int, micro_batch_size: int, cache_dir: str,
-                 val_tokens: int | None = 262_144, num_proc: int = 1, seed: int = 0, name: str = "data",
-                 bpe_train_documents: int = 2000):
+    def __init__(
+        self,
+        corpus,
+        tokenizer: dict,
+        seq_len: int,
+        micro_batch_size: int,
+        cache_dir: str,
+        val_tokens: int | None = 262_144,
+        num_proc: int = 1,
+        seed: int = 0,
+        name: str = "data",
+        bpe_train_documents: int = 2000,
+    ):
         super().__init__()
         if seq_len < 1 or micro_batch_size < 1:
-            raise UserError(f"data.seq_len ({seq_len}) and data.micro_batch_size ({micro_batch_size}) must be >= 1")
+            raise UserError(
+                f"data.seq_len ({seq_len}) and data.micro_batch_size ({micro_batch_size}) must be >= 1"
+            )
         self.corpus, self.tokenizer_spec = corpus, dict(tokenizer)
         self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
-        self.cache_dir, self.val_tokens, self.num_proc, self.seed, self.name = Path(cache_dir), val_tokens, num_proc, seed, name
+        self.cache_dir, self.val_tokens, self.num_proc, self.seed, self.name = (
+            Path(cache_dir),
+            val_tokens,
+            num_proc,
+            seed,
+            name,
+        )
         self.bpe_train_documents = bpe_train_documents
         self.tokenizer = None
         self.tokens: dict[str, np.ndarray] = {}
@@ -74,9 +92,13 @@ class LMDataModule(L.LightningDataModule):
         if self.tokenizer is None:
             spec = self.tokenizer_spec
             if spec.get("kind") == "bpe" and "json" not in spec:
-                key = fingerprint({"corpus": self.corpus.fingerprint(), "vocab": spec.get("vocab_size", 8192)})
+                key = fingerprint(
+                    {"corpus": self.corpus.fingerprint(), "vocab": spec.get("vocab_size", 8192)}
+                )
                 docs = (d for _, d in zip(range(self.bpe_train_documents), self.corpus.documents("train")))
-                self.tokenizer = train_bpe(docs, int(spec.get("vocab_size", 8192)), self.cache_dir / "tokenizers", key)
+                self.tokenizer = train_bpe(
+                    docs, int(spec.get("vocab_size", 8192)), self.cache_dir / "tokenizers", key
+                )
             else:
                 self.tokenizer = ByteTokenizer() if spec.get("kind", "byte") == "byte" else from_spec(spec)
         return self.tokenizer
@@ -91,8 +113,10 @@ class LMDataModule(L.LightningDataModule):
                 loaded = build_tokens(self.corpus, tok, split, self.cache_dir, key, self.num_proc)
             self.tokens[split], self.meta[split] = loaded
             if len(loaded[0]) < self.seq_len + 1:
-                raise UserError(f"the {split} split of '{self.name}' has {len(loaded[0])} tokens, fewer than one "
-                                f"sequence of data.seq_len+1 = {self.seq_len + 1}; use more data or a shorter seq_len")
+                raise UserError(
+                    f"the {split} split of '{self.name}' has {len(loaded[0])} tokens, fewer than one "
+                    f"sequence of data.seq_len+1 = {self.seq_len + 1}; use more data or a shorter seq_len"
+                )
 
     def setup(self, stage: str | None = None) -> None:
         if not self.tokens:
@@ -117,7 +141,11 @@ class LMDataModule(L.LightningDataModule):
         # On resume Lightning restores global_step before building loaders: continue the stream there.
         start = trainer.global_step * self.samples_per_step if trainer is not None else 0
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return DataLoader(ds, batch_size=self.micro_batch_size, sampler=EpochShuffleSampler(len(ds), self.seed, start, rank, world))
+        return DataLoader(
+            ds,
+            batch_size=self.micro_batch_size,
+            sampler=EpochShuffleSampler(len(ds), self.seed, start, rank, world),
+        )
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset(), batch_size=self.micro_batch_size, shuffle=False)

@@ -63,8 +63,9 @@ class SyntheticLanguage:
         return [" ".join(row[:k]) for row, k in zip(words.tolist(), lengths.tolist())]
 
 
-def generate_document(lang: SyntheticLanguage, seed: int, split: str, index: int,
-                      mean_bytes: int = 24_000, n_entities: int = 12) -> str:
+def generate_document(
+    lang: SyntheticLanguage, seed: int, split: str, index: int, mean_bytes: int = 24_000, n_entities: int = 12
+) -> str:
     """Document `index` of `split`: deterministic in (seed, split, index)."""
     rng = np.random.default_rng([seed, _SPLIT_OFFSET[split] + index])
     target = int(rng.uniform(0.25, 1.75) * mean_bytes)

@@ -45,7 +45,9 @@ class HFTokenizer:
                 if eos_id is not None:
                     break
         if eos_id is None:
-            raise UserError(f"tokenizer {spec.get('name', 'bpe')} has no end-of-text token; set tokenizer.eos_token")
+            raise UserError(
+                f"tokenizer {spec.get('name', 'bpe')} has no end-of-text token; set tokenizer.eos_token"
+            )
         self.eos_id = eos_id
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -57,7 +59,9 @@ class HFTokenizer:
         return np.asarray(self.tok.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        return [np.asarray(e.ids, dtype=np.int64) for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        return [
+            np.asarray(e.ids, dtype=np.int64) for e in self.tok.encode_batch(texts, add_special_tokens=False)
+        ]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode(list(ids))
@@ -72,8 +76,12 @@ def train_bpe(texts: Iterator[str], vocab_size: int, cache_dir: Path, key: str) 
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tok.train_from_iterator(texts, trainer=trainer)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -95,8 +103,10 @@ def from_spec(spec: dict) -> ByteTokenizer | HFTokenizer:
         try:
             tok = Tokenizer.from_pretrained(spec["name"])
         except Exception as e:  # network or unknown name
-            raise UserError(f"could not load Hugging Face tokenizer '{spec['name']}' ({type(e).__name__}); "
-                            "check the name and that the hub is reachable, or use data.tokenizer.kind=byte") from None
+            raise UserError(
+                f"could not load Hugging Face tokenizer '{spec['name']}' ({type(e).__name__}); "
+                "check the name and that the hub is reachable, or use data.tokenizer.kind=byte"
+            ) from None
         return HFTokenizer(tok, {**spec, "json": tok.to_str()}, spec.get("eos_token"))
     raise UserError(f"unknown tokenizer kind '{kind}'; use one of: byte, bpe, hf")
 

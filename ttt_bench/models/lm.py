@@ -37,7 +37,9 @@ class LanguageModel(nn.Module):
     ):
         super().__init__()
         if min(vocab_size, d_model, n_layers) <= 0:
-            raise ValueError(f"vocab_size, d_model and n_layers must be positive, got {vocab_size}, {d_model}, {n_layers}")
+            raise ValueError(
+                f"vocab_size, d_model and n_layers must be positive, got {vocab_size}, {d_model}, {n_layers}"
+            )
         self.name = name
         self.vocab_size = vocab_size
         self.d_model = d_model
@@ -60,7 +62,9 @@ class LanguageModel(nn.Module):
         residual_out = ("o_proj.weight", "w2.weight", "out_proj.weight")
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                std = self.init_std / math.sqrt(2 * n_layers) if name.endswith(residual_out) else self.init_std
+                std = (
+                    self.init_std / math.sqrt(2 * n_layers) if name.endswith(residual_out) else self.init_std
+                )
                 nn.init.normal_(p, mean=0.0, std=std)
         for block in self.blocks:
             if hasattr(block, "init_special_parameters"):

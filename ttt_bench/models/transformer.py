@@ -35,7 +35,9 @@ class Attention(nn.Module):
         heads = lambda t: t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         start = cache.length if cache is not None else 0
-        cos, sin = rope_cos_sin(torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta, q.dtype)
+        cos, sin = rope_cos_sin(
+            torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta, q.dtype
+        )
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             cache.k, cache.v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
@@ -55,8 +57,15 @@ class Attention(nn.Module):
 class TransformerBlock(nn.Module):
     """x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x))."""
 
-    def __init__(self, layer_idx: int, d_model: int, n_heads: int, mlp_hidden: int, rope_theta: float = 10_000.0,
-                 norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        layer_idx: int,
+        d_model: int,
+        n_heads: int,
+        mlp_hidden: int,
+        rope_theta: float = 10_000.0,
+        norm_eps: float = 1e-6,
+    ):
         super().__init__()
         self.layer_idx = layer_idx
         self.attn_norm = RMSNorm(d_model, norm_eps)
