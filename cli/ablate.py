@@ -13,12 +13,20 @@ def run(args: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="ttt-bench ablate", description=SUBCOMMANDS["ablate"] + " (conf/sweep/)")
     p.add_argument("sweep", choices=SWEEPS)
-    p.add_argument("--profile", choices=PROFILES, default="cpu", help="sizes, contexts and budgets (default cpu)")
+    p.add_argument(
+        "--profile", choices=PROFILES, default="cpu", help="sizes, contexts and budgets (default cpu)"
+    )
     p.add_argument("--out", type=Path, help="sweep folder (default: $TTT_BENCH_RUNS/sweeps/SWEEP-PROFILE)")
-    p.add_argument("--data-dir", help="real corpora (pile-mini/, books-mini/ or Pile shards); default synthetic")
+    p.add_argument(
+        "--data-dir", help="real corpora (pile-mini/, books-mini/ or Pile shards); default synthetic"
+    )
     p.add_argument("--plan", action="store_true", help="print the runs and their overrides, run nothing")
-    p.add_argument("launcher", nargs="*", help="Hydra overrides for the launcher, e.g. hydra/launcher=joblib "
-                   "hydra.launcher.n_jobs=2, or hydra/launcher=submitit_slurm hydra.launcher.partition=gpu")
+    p.add_argument(
+        "launcher",
+        nargs="*",
+        help="Hydra overrides for the launcher, e.g. hydra/launcher=joblib "
+        "hydra.launcher.n_jobs=2, or hydra/launcher=submitit_slurm hydra.launcher.partition=gpu",
+    )
     a = p.parse_args(args)
     from ttt_bench.experiments.sweeps import plan_sweep, run_sweep
 

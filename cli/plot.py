@@ -8,7 +8,7 @@ from ttt_bench.cli.main import SUBCOMMANDS, fail
 FIGURES = {
     "scaling": "perplexity vs training FLOPs per method (Figs 11/12/18); INPUT: a scaling sweep folder",
     "context": "context length as a hyper-parameter (Fig 13); INPUT: a scaling sweep folder",
-    "token-index": "perplexity per token index, matched FLOPs (Figs 2 right/14); INPUT: a scaling sweep folder",
+    "token-index": "perplexity per token index (Figs 2 right/14); INPUT: a scaling sweep folder",
     "minibatch": "TTT mini-batch size (Fig 8); INPUT: a minibatch sweep folder (with timing.csv)",
     "inner-loss": "TTT inner losses per layer (Figs 5/17); INPUT: an inner_loss.csv",
     "latency": "latency per token vs context (Figs 3/15); INPUT: CSVs of `ttt-bench bench`",
@@ -16,9 +16,12 @@ FIGURES = {
 
 
 def run(args: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="ttt-bench plot", description=SUBCOMMANDS["plot"],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n".join(f"  {k:12s} {v}" for k, v in FIGURES.items()))
+    p = argparse.ArgumentParser(
+        prog="ttt-bench plot",
+        description=SUBCOMMANDS["plot"],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(f"  {k:12s} {v}" for k, v in FIGURES.items()),
+    )
     p.add_argument("figure", choices=FIGURES)
     p.add_argument("inputs", nargs="+", type=Path, help="sweep folder(s) or CSV file(s), see below")
     p.add_argument("--out", type=Path, default=Path("figures"), help="folder for FIGURE.png/.pdf")
@@ -39,7 +42,9 @@ def run(args: list[str]) -> None:
             paths = figures.token_index(read_registry(src), src, stem)
         elif a.figure == "minibatch":
             timing = src / "timing.csv"
-            paths = figures.minibatch(read_registry(src), pd.read_csv(timing) if timing.is_file() else None, stem)
+            paths = figures.minibatch(
+                read_registry(src), pd.read_csv(timing) if timing.is_file() else None, stem
+            )
         elif a.figure == "inner-loss":
             paths = figures.inner_loss(pd.read_csv(src), stem)
         else:

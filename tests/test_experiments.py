@@ -28,19 +28,33 @@ def test_plans_reference_model_configs_and_match_flops():
     assert "data=books" in sc["books-mamba-s-T512"]["overrides"]
     finetune = sc["books-tf_finetune-s-T512"]
     assert finetune["after"] == "books-transformer-s-T128"
-    assert "recipe=finetune" in finetune["overrides"] and "model.block.rope_theta=500000" in finetune["overrides"]
+    assert (
+        "recipe=finetune" in finetune["overrides"]
+        and "model.block.rope_theta=500000" in finetune["overrides"]
+    )
     matched = {k: v for k, v in sc.items() if k.endswith("-matched")}
     assert len(matched) == 3 and all(abs(v["flops_ratio"] - 1) < 0.1 for v in matched.values())
 
 
 def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monkeypatch):
-    """A run that fails (here: a bad override) is recorded and the others go on; a second call trains nothing."""
-    tiny = ["data=synthetic", "data.corpus.train_docs=20", "data.corpus.validation_docs=4",
-            "data.corpus.mean_doc_bytes=4000", "data.seq_len=64", "recipe.tokens_per_batch=512",
-            "data.micro_batch_size=4", "trainer.max_steps=2", "data.val_tokens=1024", "size=xs",
-            "trainer.enable_progress_bar=false"]
-    plan = {"ok": sweeps._run([*tiny, "model=transformer"], label="Transformer"),
-            "bad": sweeps._run([*tiny, "model=transformer", "model.block.n_heads=3"], label="bad")}
+    """A run that fails (a bad override) is recorded, the others go on; a second call trains nothing."""
+    tiny = [
+        "data=synthetic",
+        "data.corpus.train_docs=20",
+        "data.corpus.validation_docs=4",
+        "data.corpus.mean_doc_bytes=4000",
+        "data.seq_len=64",
+        "recipe.tokens_per_batch=512",
+        "data.micro_batch_size=4",
+        "trainer.max_steps=2",
+        "data.val_tokens=1024",
+        "size=xs",
+        "trainer.enable_progress_bar=false",
+    ]
+    plan = {
+        "ok": sweeps._run([*tiny, "model=transformer"], label="Transformer"),
+        "bad": sweeps._run([*tiny, "model=transformer", "model.block.n_heads=3"], label="bad"),
+    }
     monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: plan)
     reg = sweeps.run_sweep("table1", "smoke", tmp_path)
     status = dict(zip(reg["run"], reg["status"], strict=True))
@@ -55,8 +69,15 @@ def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monke
 
 
 def test_table1_markdown_has_diff_columns():
-    reg = pd.DataFrame({"row": [2, 1], "label": ["B", "A"], "val_ppl": [9.0, 10.0], "paper_ppl": [15.23, 15.91],
-                        "status": ["finished", "finished"]})
+    reg = pd.DataFrame(
+        {
+            "row": [2, 1],
+            "label": ["B", "A"],
+            "val_ppl": [9.0, 10.0],
+            "paper_ppl": [15.23, 15.91],
+            "status": ["finished", "finished"],
+        }
+    )
     _, md = table1(reg)
     assert "| A | 10.00 | - | 15.91 | - |" in md and "| B | 9.00 | -1.00 | 15.23 | -0.68 |" in md
 
@@ -69,22 +90,37 @@ def test_time_w_and_z_splits_forward_time():
 def test_lower_hull_and_figures(tmp_path):
     x, y = figures.lower_hull([1e10, 2e10, 4e10, 8e10], [10.0, 12.0, 8.0, 7.9])
     assert list(x) == [1e10, 4e10, 8e10]
-    bench = pd.DataFrame({"model": ["transformer"] * 2, "context": [1024, 2048], "phase": ["prefill"] * 2,
-                          "latency_ms_per_token": [0.1, 0.2], "tokens_per_s": [1e4, 5e3]})
+    bench = pd.DataFrame(
+        {
+            "model": ["transformer"] * 2,
+            "context": [1024, 2048],
+            "phase": ["prefill"] * 2,
+            "latency_ms_per_token": [0.1, 0.2],
+            "tokens_per_s": [1e4, 5e3],
+        }
+    )
     paths = figures.latency(bench, tmp_path / "latency")
     assert all(p.stat().st_size > 0 for p in paths) and {p.suffix for p in paths} == {".png", ".pdf"}
 
 
 @pytest.mark.slow
 def test_reproduce_smoke(tmp_path, monkeypatch):
-    """`make reproduce PROFILE=smoke` end to end into a tmp folder: registries, Table 1, figures, REPORT.md."""
+    """`make reproduce PROFILE=smoke` end to end into tmp folders: registries, Table 1, figures, REPORT."""
     require_models()
     from ttt_bench import reproduce
 
     out = tmp_path / "results"
     reproduce.main(["--profile", "smoke", "--out", str(out), "--runs", str(tmp_path / "runs")])
-    for name in ("table1.csv", "table1.md", "minibatch.csv", "minibatch_timing.csv", "scaling.csv", "REPORT.md",
-                 "figures/minibatch.png", "figures/scaling.pdf"):
+    for name in (
+        "table1.csv",
+        "table1.md",
+        "minibatch.csv",
+        "minibatch_timing.csv",
+        "scaling.csv",
+        "REPORT.md",
+        "figures/minibatch.png",
+        "figures/scaling.pdf",
+    ):
         assert (out / name).is_file(), name
     report = (out / "REPORT.md").read_text()
     assert "## Table 1" in report and "Figure 8" in report and "wall time" in report

@@ -57,21 +57,26 @@ def test_train_flops_match_flop_counter(case):
 
 def test_attention_term_grows_with_context_and_ttt_does_not():
     for name, grows in (("transformer", True), ("ttt_linear", False), ("mamba", False)):
-        short, long = (flops_per_token(model_cfg([f"model={name}"], T), T, VOCAB)["train"] for T in (512, 4096))
+        short, long = (
+            flops_per_token(model_cfg([f"model={name}"], T), T, VOCAB)["train"] for T in (512, 4096)
+        )
         assert (long > 1.5 * short) == grows, name
 
 
 def test_matched_flops_reproduce_appendix_c():
     """Appendix C: to match Mamba 1.4B, TTT-Linear's MLP goes 5504 -> 5808 and TTT-MLP's 5504 -> 5248."""
-    reference = OmegaConf.to_container(compose("train", ["model=mamba", "size=1.3b", "data.seq_len=2048"]).model,
-                                       resolve=True)
+    reference = OmegaConf.to_container(
+        compose("train", ["model=mamba", "size=1.3b", "data.seq_len=2048"]).model, resolve=True
+    )
     for name, paper in (("ttt_linear", 5808), ("ttt_mlp", 5248)):
-        cfg = OmegaConf.to_container(compose("train", [f"model={name}", "size=1.3b", "data.seq_len=2048"]).model,
-                                     resolve=True)
+        cfg = OmegaConf.to_container(
+            compose("train", [f"model={name}", "size=1.3b", "data.seq_len=2048"]).model, resolve=True
+        )
         overrides, ratio = match_flops(cfg, reference, 2048, 32000, by="width")
         assert overrides["model.block.mlp_hidden"] == pytest.approx(paper, rel=0.02), name
         assert ratio == pytest.approx(1.0, abs=0.01)
-    tf = OmegaConf.to_container(compose("train", ["model=transformer", "size=1.3b", "data.seq_len=2048"]).model,
-                                resolve=True)
+    tf = OmegaConf.to_container(
+        compose("train", ["model=transformer", "size=1.3b", "data.seq_len=2048"]).model, resolve=True
+    )
     overrides, ratio = match_flops(tf, reference, 2048, 32000, by="depth")
     assert overrides["model.n_layers"] < 24 and ratio == pytest.approx(1.0, abs=0.05)

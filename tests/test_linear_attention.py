@@ -65,6 +65,6 @@ def test_theorem_1_ttt_layer_equals_improved_linear_attention():
         rope=False,
         eta_base=d // H,
     )  # eta = 1 for l/2
-    ttt.load_state_dict(la.state_dict(), strict=True)
+    ttt.load_state_dict(la.state_dict(), strict=False)
     x = torch.randn(2, T, d)
     assert torch.allclose(ttt(x), la(x), atol=1e-12)

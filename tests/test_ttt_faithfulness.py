@@ -56,7 +56,7 @@ def test_same_logits_as_authors_code(learner, backbone):
         TTTBlock, d_model=64, n_heads=4, mlp_hidden=128, backbone=backbone, learner=learner, eta_base=eta_base
     )
     ours = LanguageModel(97, 64, 2, block).eval()
-    missing, unexpected = ours.load_state_dict(from_authors(theirs.state_dict()), strict=True)
+    missing, unexpected = ours.load_state_dict(from_authors(theirs.state_dict()), strict=False)
     assert set(missing) <= {"lm_head.weight"} and not unexpected  # lm_head is tied to the embedding
 
     ids = torch.randint(0, 97, (2, 45))  # two mini-batches and a remainder

@@ -60,8 +60,8 @@ def _ttt_chunk(dims: list[tuple[int, int]], c: int, form: str, bias: bool) -> fl
     flops += sum(2.0 * c * i * o for i, o in dims[1:])  # backward through the upper layers
     for i, o in dims:
         if form == "dual":
-            # x W, (eta * x X^T) G, [eta G], and W - X^T G for the next mini-batch
-            flops += 2.0 * c * i * o + 2.0 * c * c * i + 2.0 * c * c * o * (2 if bias else 1) + 2.0 * i * c * o
+            # x W and W - X^T G for the next mini-batch, then x X^T, (eta * x X^T) G and [eta G]
+            flops += 4.0 * c * i * o + 2.0 * c * c * i + 2.0 * c * c * o * (2 if bias else 1)
         else:
             # W_t = W - eta G_t for every token (c x c by c x (i o)), [b_t], then f(x_t; W_t)
             flops += 2.0 * c * c * i * o + (2.0 * c * c * o if bias else 0.0) + 2.0 * c * i * o
@@ -106,8 +106,12 @@ def _mamba(block: Mapping, T: int) -> dict:
     return {"dense": dense, "scan": SCAN_FLOPS_PER_STATE * E * N}
 
 
-BLOCKS = {"TransformerBlock": _transformer, "LinearAttentionBlock": _linear_attention, "TTTBlock": _ttt,
-          "MambaBlock": _mamba}
+BLOCKS = {
+    "TransformerBlock": _transformer,
+    "LinearAttentionBlock": _linear_attention,
+    "TTTBlock": _ttt,
+    "MambaBlock": _mamba,
+}
 
 
 def flops_per_token(model: Mapping, seq_len: int, vocab_size: int) -> dict:
@@ -134,8 +138,14 @@ def train_flops(cfg, vocab_size: int, tokens: int) -> float:
     return flops_per_token(model, int(cfg.data.seq_len), vocab_size)["train"] * tokens
 
 
-def match_flops(model: Mapping, reference: Mapping, seq_len: int, vocab_size: int, by: str = "depth",
-                multiple_of: int = 16) -> tuple[dict, float]:
+def match_flops(
+    model: Mapping,
+    reference: Mapping,
+    seq_len: int,
+    vocab_size: int,
+    by: str = "depth",
+    multiple_of: int = 16,
+) -> tuple[dict, float]:
     """Change `model`'s depth (by="depth") or MLP width (by="width") so that its training FLOPs per token
     match `reference`'s, as Appendix C (Transformer 24 -> 19 blocks; TTT MLP hidden 5504 -> 5808 / 5248
     to match Mamba 1.4B). Returns the config overrides and the achieved ratio model / reference."""

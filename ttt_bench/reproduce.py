@@ -39,8 +39,12 @@ def paper_plan(data_dir: str | None) -> pd.DataFrame:
         for name, spec in plan_sweep(sweep, "paper", data_dir).items():
             cfg = compose("train", spec["overrides"])
             tokens = float(cfg.recipe.total_tokens)
-            per_token = flops_per_token(OmegaConf.to_container(cfg.model, resolve=True), cfg.data.seq_len, 32000)
-            rows.append({"sweep": sweep, "run": name, "tokens": tokens, "train_flops": per_token["train"] * tokens})
+            per_token = flops_per_token(
+                OmegaConf.to_container(cfg.model, resolve=True), cfg.data.seq_len, 32000
+            )
+            rows.append(
+                {"sweep": sweep, "run": name, "tokens": tokens, "train_flops": per_token["train"] * tokens}
+            )
     df = pd.DataFrame(rows)
     df["gpu_hours"] = df["train_flops"] / (A100_BF16_FLOPS * ASSUMED_MFU) / 3600
     return df
@@ -48,8 +52,10 @@ def paper_plan(data_dir: str | None) -> pd.DataFrame:
 
 def hardware() -> str:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__} with "
-            f"{torch.get_num_threads()} threads, {gpu}")
+    return (
+        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__} with "
+        f"{torch.get_num_threads()} threads, {gpu}"
+    )
 
 
 class Report:
@@ -60,16 +66,23 @@ class Report:
         self.flags = f" --profile {profile}" + (f" --data-dir {data_dir}" if data_dir else "")
 
     def add(self, title: str, paper: str, measured: str, holds: str, command: str, wall: float) -> None:
-        self.sections.append(f"## {title}\n\n**Paper.** {paper}\n\n**Measured.** {measured}\n\n"
-                             f"**Does the paper's claim hold at this scale?** {holds}\n\n"
-                             f"**Command.** `{command}` (part of `{self.make}`); wall time {wall / 60:.1f} min.\n")
+        self.sections.append(
+            f"## {title}\n\n**Paper.** {paper}\n\n**Measured.** {measured}\n\n"
+            f"**Does the paper's claim hold at this scale?** {holds}\n\n"
+            f"**Command.** `{command}` (part of `{self.make}`); wall time {wall / 60:.1f} min.\n"
+        )
 
     def write(self, path: Path, total: float) -> None:
-        data = f"real corpora in {self.data_dir} (pile-mini as the Pile, books-mini as Books)" if self.data_dir \
+        data = (
+            f"real corpora in {self.data_dir} (pile-mini as the Pile, books-mini as Books)"
+            if self.data_dir
             else "the embedded synthetic corpus"
-        head = (f"# ttt-bench results ({self.profile} profile)\n\nHardware: {hardware()}. Data: {data}. "
-                f"Total wall time {total / 60:.1f} min. Perplexities are byte-level (the paper's are Llama-token "
-                f"level), so only orderings and trends are comparable, not values. Produced by `{self.make}`.\n")
+        )
+        head = (
+            f"# ttt-bench results ({self.profile} profile)\n\nHardware: {hardware()}. Data: {data}. "
+            f"Total wall time {total / 60:.1f} min. Perplexities are byte-level (the paper's are Llama-token "
+            f"level), so only orderings and trends are comparable, not values. Produced by `{self.make}`.\n"
+        )
         write_atomic(path, "\n".join([head, *self.sections]))
 
 
@@ -92,12 +105,17 @@ def step_table1(rep: Report, runs: Path, out: Path) -> None:
     write_atomic(out / "table1.md", md)
     mb, ln, la, last = (ppl(reg, row=r) for r in (6, 5, 1, 8))
     ok = None if None in (mb, ln, la, last) else (mb < ln and last < la)
-    rep.add("Table 1: from linear attention to TTT-Linear",
-            "Each design lowers perplexity except learnable W0 (+0.04); the biggest gain is mini-batch TTT "
-            "(b=T -> 16, -1.70), then LN and residual in f (-1.22); TTT-Linear (M) ends at 11.09 vs 15.91 for "
-            "linear attention.", "\n\n" + md, f"{verdict(ok)} (mini-batch TTT improves on the row above it, "
-            "and the last row beats linear attention)", f"ttt-bench ablate table1{rep.flags}",
-            time.perf_counter() - start)
+    rep.add(
+        "Table 1: from linear attention to TTT-Linear",
+        "Each design lowers perplexity except learnable W0 (+0.04); the biggest gain is mini-batch TTT "
+        "(b=T -> 16, -1.70), then LN and residual in f (-1.22); TTT-Linear (M) ends at 11.09 vs 15.91 for "
+        "linear attention.",
+        "\n\n" + md,
+        f"{verdict(ok)} (mini-batch TTT improves on the row above it, "
+        "and the last row beats linear attention)",
+        f"ttt-bench ablate table1{rep.flags}",
+        time.perf_counter() - start,
+    )
 
 
 def step_minibatch(rep: Report, runs: Path, out: Path) -> None:
@@ -112,22 +130,32 @@ def step_minibatch(rep: Report, runs: Path, out: Path) -> None:
     figures.minibatch(reg, timing, out / "figures" / "minibatch")
     small, full = ppl(reg, mini_batch="1"), ppl(reg, mini_batch="T")
     rows = ", ".join(f"b={r.mini_batch}: {r.val_ppl:.3f}" for r in reg.itertuples() if r.status == "finished")
-    times = ", ".join(f"b={r.mini_batch}: {r.total_ms:.1f} ms ({r.w_ms:.1f} for W's)" for r in timing.itertuples())
+    times = ", ".join(
+        f"b={r.mini_batch}: {r.total_ms:.1f} ms ({r.w_ms:.1f} for W's)" for r in timing.itertuples()
+    )
     faster = timing["total_ms"].iloc[0] > timing.loc[timing["mini_batch"] == 16, "total_ms"].min()
-    rep.add("Figure 8: TTT mini-batch size",
-            "Smaller b gives lower perplexity (more GD steps); forward time in dual form falls with b as the W's "
-            "parallelise, then the z's (O(T b d)) dominate; b=16 is the chosen trade-off.",
-            f"Perplexity: {rows}. Forward time of one TTT-Linear layer: {times}. "
-            "Figure: figures/minibatch.png.",
-            f"perplexity: {verdict(None if None in (small, full) else small < full)} (b=1 below b=T); time: "
-            f"{verdict(bool(faster))} (b=16 faster than b=1)", f"ttt-bench ablate minibatch{rep.flags}",
-            time.perf_counter() - start)
+    rep.add(
+        "Figure 8: TTT mini-batch size",
+        "Smaller b gives lower perplexity (more GD steps); forward time in dual form falls with b as the W's "
+        "parallelise, then the z's (O(T b d)) dominate; b=16 is the chosen trade-off.",
+        f"Perplexity: {rows}. Forward time of one TTT-Linear layer: {times}. Figure: figures/minibatch.png.",
+        f"perplexity: {verdict(None if None in (small, full) else small < full)} (b=1 below b=T); time: "
+        f"{verdict(bool(faster))} (b=16 faster than b=1)",
+        f"ttt-bench ablate minibatch{rep.flags}",
+        time.perf_counter() - start,
+    )
     # Figure 17 uses the b=1 network of Figure 8
     start = time.perf_counter()
     ckpt = sweep_dir / "b1" / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
-        rep.add("Figures 5/17: inner losses", "", "not measured: the b=1 run did not finish", verdict(None),
-                "", time.perf_counter() - start)
+        rep.add(
+            "Figures 5/17: inner losses",
+            "",
+            "not measured: the b=1 run did not finish",
+            verdict(None),
+            "",
+            time.perf_counter() - start,
+        )
         return
     losses = inner_losses(str(ckpt))
     write_atomic(out / "inner_loss.csv", losses.to_csv(index=False))
@@ -136,15 +164,18 @@ def step_minibatch(rep: Report, runs: Path, out: Path) -> None:
     late = losses[losses["position"] > losses["position"].max() / 2]
     gap_early = (losses["w0"] - losses["now"])[losses["position"] <= losses["position"].max() / 2].mean()
     gap_late = (late["w0"] - late["now"]).mean()
-    rep.add("Figures 5/17: inner losses of TTT-Linear",
-            "One GD step lowers the TTT loss from l(W_{t-1}; x_t) to l(W_t; x_t), and l(W_t; x_t) improves "
-            "further from l(W_0; x_t) as t grows.",
-            f"Mean over layers and positions: l(W_0)={mean['w0']:.4f}, l(W_t-1)={mean['prev']:.4f}, "
-            f"l(W_t)={mean['now']:.4f}; gap l(W_0)-l(W_t) {gap_early:.4f} in the first half of the context, "
-            f"{gap_late:.4f} in the second. Figure: figures/inner_loss.png.",
-            f"{verdict(bool(mean['now'] < mean['prev'] and gap_late > gap_early))}",
-            f"python -c \"from ttt_bench.experiments.measure import inner_losses; "
-            f"print(inner_losses('{ckpt}'))\"", time.perf_counter() - start)
+    rep.add(
+        "Figures 5/17: inner losses of TTT-Linear",
+        "One GD step lowers the TTT loss from l(W_{t-1}; x_t) to l(W_t; x_t), and l(W_t; x_t) improves "
+        "further from l(W_0; x_t) as t grows.",
+        f"Mean over layers and positions: l(W_0)={mean['w0']:.4f}, l(W_t-1)={mean['prev']:.4f}, "
+        f"l(W_t)={mean['now']:.4f}; gap l(W_0)-l(W_t) {gap_early:.4f} in the first half of the context, "
+        f"{gap_late:.4f} in the second. Figure: figures/inner_loss.png.",
+        f"{verdict(bool(mean['now'] < mean['prev'] and gap_late > gap_early))}",
+        f'python -c "from ttt_bench.experiments.measure import inner_losses; '
+        f"print(inner_losses('{ckpt}'))\"",
+        time.perf_counter() - start,
+    )
 
 
 def step_scaling(rep: Report, runs: Path, out: Path) -> None:
@@ -153,8 +184,11 @@ def step_scaling(rep: Report, runs: Path, out: Path) -> None:
     reg = run_sweep("scaling", rep.profile, sweep_dir, rep.data_dir)
     write_atomic(out / "scaling.csv", reg.to_csv(index=False))
     drawn = []
-    for name, draw in (("scaling", lambda s: figures.scaling(reg, s)), ("context", lambda s: figures.context(reg, s)),
-                       ("token_index", lambda s: figures.token_index(reg, sweep_dir, s))):
+    for name, draw in (
+        ("scaling", lambda s: figures.scaling(reg, s)),
+        ("context", lambda s: figures.context(reg, s)),
+        ("token_index", lambda s: figures.token_index(reg, sweep_dir, s)),
+    ):
         try:
             draw(out / "figures" / name)
             drawn.append(f"figures/{name}.png")
@@ -164,27 +198,38 @@ def step_scaling(rep: Report, runs: Path, out: Path) -> None:
     longest = fin[fin["role"] == "pile"]["seq_len"].max() if len(fin) else None
     pairs = []
     for size in fin["size"].dropna().unique():
-        t, m = (ppl(reg, role="pile", seq_len=longest, size=size, method=k) for k in ("ttt_linear_m", "mamba"))
+        t, m = (
+            ppl(reg, role="pile", seq_len=longest, size=size, method=k) for k in ("ttt_linear_m", "mamba")
+        )
         if t is not None and m is not None:
             pairs.append((size, t, m))
-    ft = [(ppl(reg, method="tf_finetune", size=r.size, seq_len=r.seq_len),
-           ppl(reg, method="transformer", role="books", size=r.size, seq_len=r.seq_len))
-          for r in fin[fin["method"] == "tf_finetune"].itertuples()]
+    ft = [
+        (
+            ppl(reg, method="tf_finetune", size=r.size, seq_len=r.seq_len),
+            ppl(reg, method="transformer", role="books", size=r.size, seq_len=r.seq_len),
+        )
+        for r in fin[fin["method"] == "tf_finetune"].itertuples()
+    ]
     ft = [p for p in ft if None not in p]
     failed = int((reg["status"] != "finished").sum())
-    rep.add("Figures 11-14, 18: scaling, context length, token index",
-            "At short context TTT-Linear (M), Mamba and Transformer are comparable; at longer context (Pile 8k, "
-            "Books 32k) TTT-Linear/MLP (M) beat Mamba. TF finetune beats TF pretrain. With matched FLOPs, "
-            "Transformer and TTT keep improving with token index while Mamba plateaus after 16k.",
-            f"{len(fin)} of {len(reg)} runs finished ({failed} failed or pending; see scaling.csv). At the longest "
-            f"Pile-like context T={longest}: " + ", ".join(f"{s}: TTT-Linear (M) {t:.3f} vs Mamba {m:.3f}"
-                                                        for s, t, m in pairs)
-            + f". TF finetune vs TF pretrain at the same context: {', '.join(f'{a:.3f} vs {b:.3f}' for a, b in ft)}."
-            f" Figures: {'; '.join(drawn)}.",
-            f"TTT-Linear (M) below Mamba at the longest context: "
-            f"{verdict(all(t < m for _, t, m in pairs) if pairs else None)}; TF finetune below TF pretrain: "
-            f"{verdict(all(a < b for a, b in ft) if ft else None)}", f"ttt-bench ablate scaling{rep.flags}",
-            time.perf_counter() - start)
+    rep.add(
+        "Figures 11-14, 18: scaling, context length, token index",
+        "At short context TTT-Linear (M), Mamba and Transformer are comparable; at longer context (Pile 8k, "
+        "Books 32k) TTT-Linear/MLP (M) beat Mamba. TF finetune beats TF pretrain. With matched FLOPs, "
+        "Transformer and TTT keep improving with token index while Mamba plateaus after 16k.",
+        f"{len(fin)} of {len(reg)} runs finished ({failed} failed or pending; see scaling.csv). "
+        f"At the longest Pile-like context T={longest}: "
+        + ", ".join(f"{s}: TTT-Linear (M) {t:.3f} vs Mamba {m:.3f}" for s, t, m in pairs)
+        + ". TF finetune vs TF pretrain at the same context: "
+        + ", ".join(f"{a:.3f} vs {b:.3f}" for a, b in ft)
+        + "."
+        f" Figures: {'; '.join(drawn)}.",
+        f"TTT-Linear (M) below Mamba at the longest context: "
+        f"{verdict(all(t < m for _, t, m in pairs) if pairs else None)}; TF finetune below TF pretrain: "
+        f"{verdict(all(a < b for a, b in ft) if ft else None)}",
+        f"ttt-bench ablate scaling{rep.flags}",
+        time.perf_counter() - start,
+    )
 
 
 def step_latency(rep: Report, out: Path) -> None:
@@ -197,10 +242,15 @@ def step_latency(rep: Report, out: Path) -> None:
     else:
         figures.latency(pd.read_csv(csv), out / "figures" / "latency")
         measured, holds = "latency.csv, figures/latency.png", "see the figure (CPU, small models)"
-    rep.add("Figures 3/15: latency", "Forward latency per token grows with context for the Transformer and stays "
-            "flat for TTT-Linear and Mamba; TTT-Linear is faster than the Transformer from 8k context.",
-            measured, holds, " ".join(cmd[2:]).replace("ttt_bench.cli.main", "ttt-bench"),
-            time.perf_counter() - start)
+    rep.add(
+        "Figures 3/15: latency",
+        "Forward latency per token grows with context for the Transformer and stays "
+        "flat for TTT-Linear and Mamba; TTT-Linear is faster than the Transformer from 8k context.",
+        measured,
+        holds,
+        " ".join(cmd[2:]).replace("ttt_bench.cli.main", "ttt-bench"),
+        time.perf_counter() - start,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,10 +263,17 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if a.profile == "paper" and not torch.cuda.is_available():
         plan = paper_plan(a.data_dir)
-        print(plan.groupby("sweep")[["tokens", "train_flops", "gpu_hours"]].sum().assign(
-            runs=plan.groupby("sweep").size()).to_string(float_format="{:.3g}".format))
-        print(f"total: {len(plan)} runs, {plan['tokens'].sum():.3g} tokens, {plan['train_flops'].sum():.3g} FLOPs, "
-              f"~{plan['gpu_hours'].sum():.0f} A100-hours at {ASSUMED_MFU:.0%} MFU. No GPU here: nothing was run.")
+        print(
+            plan.groupby("sweep")[["tokens", "train_flops", "gpu_hours"]]
+            .sum()
+            .assign(runs=plan.groupby("sweep").size())
+            .to_string(float_format="{:.3g}".format)
+        )
+        print(
+            f"total: {len(plan)} runs, {plan['tokens'].sum():.3g} tokens, "
+            f"{plan['train_flops'].sum():.3g} FLOPs, ~{plan['gpu_hours'].sum():.0f} A100-hours at "
+            f"{ASSUMED_MFU:.0%} MFU. No GPU here: nothing was run."
+        )
         return
     runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
     start = time.perf_counter()

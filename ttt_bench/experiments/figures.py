@@ -1,13 +1,13 @@
 """The paper's figures from sweep registries, as PNG and PDF (matplotlib, no display needed).
 
-    scaling      Figs 11/12/18: perplexity vs training FLOPs, log-log, points connected per method, one panel
-                 per data and context length
-    context      Figs 13/2 (left): context length as a hyper-parameter, per size: the argmin over contexts for
-                 linear-cost methods, the lower convex hull of all contexts for Transformers
-    token-index  Figs 2 (right)/14: perplexity at every token index (log x), matched training FLOPs
-    minibatch    Fig 8: perplexity vs TTT mini-batch size (left), forward time split into W's and z's (right)
-    inner-loss   Figs 5/17: l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per layer
-    latency      Figs 3/15/20: latency per token vs context for each phase, from `ttt-bench bench` CSVs
+scaling      Figs 11/12/18: perplexity vs training FLOPs, log-log, points connected per method, one panel
+             per data and context length
+context      Figs 13/2 (left): context length as a hyper-parameter, per size: the argmin over contexts for
+             linear-cost methods, the lower convex hull of all contexts for Transformers
+token-index  Figs 2 (right)/14: perplexity at every token index (log x), matched training FLOPs
+minibatch    Fig 8: perplexity vs TTT mini-batch size (left), forward time split into W's and z's (right)
+inner-loss   Figs 5/17: l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per layer
+latency      Figs 3/15/20: latency per token vs context for each phase, from `ttt-bench bench` CSVs
 """
 
 from pathlib import Path
@@ -62,8 +62,13 @@ def scaling(reg: pd.DataFrame, stem: Path) -> list[Path]:
         for label, g in sub.groupby("label", sort=False):
             g = g.sort_values("total_train_flops")
             ax.plot(g["total_train_flops"], g["val_ppl"], "o-", label=label)
-        ax.set(xscale="log", yscale="log", xlabel="FLOPs", ylabel="Perplexity",
-               title=f"{'Books' if role == 'books' else 'Pile'} {_context(T)}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="FLOPs",
+            ylabel="Perplexity",
+            title=f"{'Books' if role == 'books' else 'Pile'} {_context(T)}",
+        )
         ax.legend(fontsize=7)
     return save(fig, stem)
 
@@ -73,8 +78,14 @@ def lower_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pts = sorted(zip(np.log(x), np.log(y), strict=True))
     hull: list = []
     for p in pts:
-        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
-                                  - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) <= 0:
+        while (
+            len(hull) >= 2
+            and (
+                (hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+                - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])
+            )
+            <= 0
+        ):
             hull.pop()
         hull.append(p)
     hx, hy = zip(*hull, strict=True)
@@ -92,8 +103,13 @@ def context(reg: pd.DataFrame, stem: Path) -> list[Path]:
         else:  # same FLOPs at every context: the best context per size
             best = g.loc[g.groupby("size")["val_ppl"].idxmin()].sort_values("total_train_flops")
             ax.plot(best["total_train_flops"], best["val_ppl"], "o-", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="FLOPs", ylabel="Perplexity",
-           title="Books, context length as a hyper-parameter")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="FLOPs",
+        ylabel="Perplexity",
+        title="Books, context length as a hyper-parameter",
+    )
     ax.legend(fontsize=7)
     return save(fig, stem)
 
@@ -110,8 +126,12 @@ def token_index(reg: pd.DataFrame, sweep_dir: Path, stem: Path, window: int = 8)
         ti = pd.read_csv(Path(sweep_dir) / r["run"] / "token_index.csv")
         loss = ti["loss"].rolling(window, min_periods=1).mean()
         ax.plot(ti["token_index"], np.exp(loss), label=r["label"])
-    ax.set(xscale="log", xlabel="Token index", ylabel="Perplexity",
-           title=f"Books {_context(int(chosen['seq_len'].iloc[0]))}, matched training FLOPs")
+    ax.set(
+        xscale="log",
+        xlabel="Token index",
+        ylabel="Perplexity",
+        title=f"Books {_context(int(chosen['seq_len'].iloc[0]))}, matched training FLOPs",
+    )
     ax.legend(fontsize=7)
     return save(fig, stem)
 
@@ -136,8 +156,12 @@ def minibatch(reg: pd.DataFrame, timing: pd.DataFrame | None, stem: Path) -> lis
         axes[1].plot(x, timing["w_ms"], "o-", color="C0", label="W's at mini-batch ends")
         axes[1].set_xticks(list(x), [str(b) for b in timing["mini_batch"]])
         T = int(timing["seq_len"].iloc[0])
-        axes[1].set(xlabel="TTT mini-batch size b", ylabel="Forward time (ms)", yscale="log",
-                    title=f"Forward time in dual form, T={T}")
+        axes[1].set(
+            xlabel="TTT mini-batch size b",
+            ylabel="Forward time (ms)",
+            yscale="log",
+            title=f"Forward time in dual form, T={T}",
+        )
         axes[1].legend(fontsize=7)
     return save(fig, stem)
 
@@ -153,7 +177,7 @@ def inner_loss(df: pd.DataFrame, stem: Path, window: int = 10) -> list[Path]:
         for key, name in names.items():
             ax.plot(g["position"], g[key].rolling(window, min_periods=1).mean(), label=name)
         ax.set(title=f"Layer {layer + 1}", xlabel="t")
-    for ax in axes.flat[len(layers):]:
+    for ax in axes.flat[len(layers) :]:
         ax.axis("off")
     axes[0][0].legend(fontsize=7)
     return save(fig, stem)
@@ -169,6 +193,8 @@ def latency(bench: pd.DataFrame, stem: Path) -> list[Path]:
         for model, g in sub.groupby("model", sort=False):
             g = g.sort_values("context")
             ax.plot(g["context"], g["latency_ms_per_token"], "o-", label=model)
-        ax.set(xscale="log", xlabel="Context length", ylabel="Latency per token (ms)", title=phase.capitalize())
+        ax.set(
+            xscale="log", xlabel="Context length", ylabel="Latency per token (ms)", title=phase.capitalize()
+        )
         ax.legend(fontsize=7)
     return save(fig, stem)

@@ -2,6 +2,7 @@
 split into the W's and the z's, and Figures 5/17's inner losses of a trained TTT model."""
 
 import time
+from functools import partial
 
 import pandas as pd
 import torch
@@ -14,15 +15,24 @@ def table1(registry: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """Table 1 with our perplexity and the paper's, each with its Diff. column (change from the row above)."""
     df = registry.sort_values("row")
     ours = pd.to_numeric(df["val_ppl"], errors="coerce").where(df["status"] == "finished")
-    table = pd.DataFrame({"Configuration": df["label"].values, "Ppl.": ours.round(2).values,
-                          "Diff.": ours.diff().round(2).values, "Paper Ppl.": df["paper_ppl"].values,
-                          "Paper Diff.": df["paper_ppl"].diff().round(2).values, "status": df["status"].values})
+    table = pd.DataFrame(
+        {
+            "Configuration": df["label"].values,
+            "Ppl.": ours.round(2).values,
+            "Diff.": ours.diff().round(2).values,
+            "Paper Ppl.": df["paper_ppl"].values,
+            "Paper Diff.": df["paper_ppl"].diff().round(2).values,
+            "status": df["status"].values,
+        }
+    )
     fmt = lambda v, signed=False: "-" if pd.isna(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
     lines = ["| Configuration | Ppl. | Diff. | Paper Ppl. | Paper Diff. |", "|---|---:|---:|---:|---:|"]
     for _, r in table.iterrows():
         ppl = fmt(r["Ppl."]) if r["status"] == "finished" else r["status"]
-        lines.append(f"| {r['Configuration']} | {ppl} | {fmt(r['Diff.'], True)} | {fmt(r['Paper Ppl.'])} | "
-                     f"{fmt(r['Paper Diff.'], True)} |")
+        lines.append(
+            f"| {r['Configuration']} | {ppl} | {fmt(r['Diff.'], True)} | {fmt(r['Paper Ppl.'])} | "
+            f"{fmt(r['Paper Diff.'], True)} |"
+        )
     return table, "\n".join(lines) + "\n"
 
 
@@ -45,8 +55,15 @@ def _best_time(fn, repeats: int) -> float:
 
 
 @torch.no_grad()
-def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, seq_len: int,
-                 repeats: int = 3, seed: int = 0) -> pd.DataFrame:
+def time_w_and_z(
+    mini_batch_sizes: list,
+    batch: int,
+    heads: int,
+    head_dim: int,
+    seq_len: int,
+    repeats: int = 3,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Figure 8 (right): forward time of one TTT-Linear layer in dual form at context `seq_len`, total and
     for the W's at the end of every mini-batch; the z's take the difference."""
     g = torch.Generator().manual_seed(seed)
@@ -59,12 +76,22 @@ def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, 
         N = seq_len // b
         XQ, XK, XV = (torch.randn(batch, H, N, b, f, generator=g) for _ in range(3))
         eta = torch.full((batch, H, N, b, b), 1.0 / f)
-        total = _best_time(lambda: ttt_linear_dual(XQ, XK, XV, eta, W0, b0, *ln), repeats)
-        weights = _best_time(lambda: forms.scan(lambda p, k, v, e: _end_weights_step(p, k, v, e, ln), (W0, b0),
-                                                (XK, XV, eta)), repeats)
-        rows.append({"mini_batch": b, "total_ms": 1e3 * total, "w_ms": 1e3 * weights,
-                     "z_ms": 1e3 * max(total - weights, 0.0), "seq_len": seq_len, "heads": H, "head_dim": f,
-                     "batch": batch, "threads": torch.get_num_threads()})
+        both = partial(ttt_linear_dual, XQ, XK, XV, eta, W0, b0, *ln)
+        weights_only = partial(forms.scan, partial(_end_weights_step, ln=ln), (W0, b0), (XK, XV, eta))
+        total, weights = _best_time(both, repeats), _best_time(weights_only, repeats)
+        rows.append(
+            {
+                "mini_batch": b,
+                "total_ms": 1e3 * total,
+                "w_ms": 1e3 * weights,
+                "z_ms": 1e3 * max(total - weights, 0.0),
+                "seq_len": seq_len,
+                "heads": H,
+                "head_dim": f,
+                "batch": batch,
+                "threads": torch.get_num_threads(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -89,6 +116,8 @@ def inner_losses(ckpt_path: str, max_sequences: int = 16, batch_size: int = 4) -
         for start in range(0, n, batch_size):
             batch = torch.stack([dataset[i] for i in range(start, min(start + batch_size, n))])
             module.model(batch[:, :-1])
-    rows = [pd.DataFrame({"layer": layer, "position": range(1, len(d["w0"]) + 1), **d})
-            for layer, d in rec.losses().items()]
+    rows = [
+        pd.DataFrame({"layer": layer, "position": range(1, len(d["w0"]) + 1), **d})
+        for layer, d in rec.losses().items()
+    ]
     return pd.concat(rows, ignore_index=True)

@@ -53,9 +53,12 @@ def _run(overrides: list[str], **info) -> dict:
 
 def plan_table1(sweep: dict, profile: str, data_dir: str | None) -> dict:
     base = data_overrides(sweep["data"], data_dir) + sweep["profiles"][profile]
-    return {f"{i + 1}-{row['name']}": _run(base + row["overrides"], label=row["label"], row=i + 1,
-                                           paper_ppl=row["paper_ppl"])
-            for i, row in enumerate(sweep["runs"])}
+    return {
+        f"{i + 1}-{row['name']}": _run(
+            base + row["overrides"], label=row["label"], row=i + 1, paper_ppl=row["paper_ppl"]
+        )
+        for i, row in enumerate(sweep["runs"])
+    }
 
 
 def plan_minibatch(sweep: dict, profile: str, data_dir: str | None) -> dict:
@@ -63,8 +66,12 @@ def plan_minibatch(sweep: dict, profile: str, data_dir: str | None) -> dict:
     runs = {}
     for b in sweep["mini_batch_sizes"]:
         value = "${data.seq_len}" if b == "T" else b
-        runs[f"b{b}"] = _run(base + [f"model.block.mini_batch_size={value}"], label=f"b={b}",
-                             mini_batch=str(b), paper_ppl=sweep["paper_ppl"].get(b))
+        runs[f"b{b}"] = _run(
+            base + [f"model.block.mini_batch_size={value}"],
+            label=f"b={b}",
+            mini_batch=str(b),
+            paper_ppl=sweep["paper_ppl"].get(b),
+        )
     return runs
 
 
@@ -83,8 +90,14 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
     runs = {}
 
     def add(role, key, label, size, T, extra=(), suffix=""):
-        overrides = [*data_overrides(role, data_dir), *p["overrides"], f"size={size}", f"data.seq_len={T}",
-                     tokens(p["token_scale"]), *extra]
+        overrides = [
+            *data_overrides(role, data_dir),
+            *p["overrides"],
+            f"size={size}",
+            f"data.seq_len={T}",
+            tokens(p["token_scale"]),
+            *extra,
+        ]
         if key in ("transformer", "tf_finetune") and T >= p["rope_500k_from"]:
             overrides.append("model.block.rope_theta=500000")
         name = f"{role}-{key}-{size}-T{T}{suffix}"
@@ -101,9 +114,19 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
         parent = f"books-{ft['from']}-{size}-T{p['finetune_base']}"
         for T in (T for T in p["books"] if T >= 2 * p["finetune_base"]):
             lr = ft["lr_smallest"] if i == 0 else ft["lr"]
-            name = add("books", "tf_finetune", ft["label"], size, T,
-                       [*methods[ft["from"]]["overrides"], "recipe=finetune", f"recipe.lr={lr}",
-                        tokens(0.2 * p["token_scale"])])
+            name = add(
+                "books",
+                "tf_finetune",
+                ft["label"],
+                size,
+                T,
+                [
+                    *methods[ft["from"]]["overrides"],
+                    "recipe=finetune",
+                    f"recipe.lr={lr}",
+                    tokens(0.2 * p["token_scale"]),
+                ],
+            )
             runs[name]["after"] = parent
     # matched training FLOPs (Figures 2 right, 14): the largest size at the longest Books context
     m = sweep["matched"]
@@ -113,8 +136,15 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
     for key, by in m["methods"].items():
         base = runs[f"books-{key}-{size}-T{T}"]["overrides"]
         new, ratio = match_flops(_model_cfg(base)[0], reference, T, vocab_size, by=by)
-        name = add("books", key, methods[key]["label"], size, T,
-                   [*methods[key]["overrides"], *(f"{k}={v}" for k, v in new.items())], suffix="-matched")
+        name = add(
+            "books",
+            key,
+            methods[key]["label"],
+            size,
+            T,
+            [*methods[key]["overrides"], *(f"{k}={v}" for k, v in new.items())],
+            suffix="-matched",
+        )
         runs[name] |= {"matched": by, "flops_ratio": round(ratio, 4), "reference": ref_name}
     return runs
 
@@ -125,10 +155,14 @@ PLANNERS = {"table1": plan_table1, "minibatch": plan_minibatch, "scaling": plan_
 def plan_sweep(name: str, profile: str, data_dir: str | None = None) -> dict:
     if profile not in PROFILES:
         raise UserError(f"unknown profile '{profile}'; use one of {', '.join(PROFILES)}")
-    return PLANNERS[name](load_sweep(name), profile, data_dir)
+    runs = PLANNERS[name](load_sweep(name), profile, data_dir)
+    for spec in runs.values():  # sweep logs stay readable
+        spec["overrides"].append("trainer.enable_progress_bar=false")
+    return runs
 
 
 # ---- running ----
+
 
 def read_metrics(run_dir: Path) -> dict | None:
     try:
@@ -164,7 +198,7 @@ def run_one(name: str, spec: dict, run_dir: Path) -> None:
         cfg = hydra.compose(config_name="train", overrides=spec["overrides"])
         metrics = train(cfg, run_dir)
         if cfg.recipe.get("init_from") and not metrics.get("init_from"):
-            raise UserError("train() ignored recipe.init_from (TF finetune): it must load the pretrained weights")
+            raise UserError("train() ignored recipe.init_from (TF finetune): it must load pretrained weights")
     except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
         log.exception("run %s failed", name)
         record_failure(run_dir, one_line(e))
@@ -177,14 +211,20 @@ def _job(cfg) -> None:
 
 
 def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
-    """One Hydra multirun over the runs `names` of a written plan (launcher: e.g. ['hydra/launcher=joblib'])."""
+    """One Hydra multirun over the runs `names` of a written plan (e.g. hydra/launcher=joblib)."""
     import hydra
 
     import ttt_bench.config  # noqa: F401  (registers resolvers)
 
     out = plan_path.parent
-    argv = ["--multirun", f"+sweep_plan='{plan_path}'", "+run=" + ",".join(f"'{n}'" for n in names),
-            f"hydra.sweep.dir='{out}'", "hydra.sweep.subdir=${run}/hydra", *launcher]
+    argv = [
+        "--multirun",
+        f"+sweep_plan='{plan_path}'",
+        "+run=" + ",".join(f"'{n}'" for n in names),
+        f"hydra.sweep.dir='{out}'",
+        "hydra.sweep.subdir=${run}/hydra",
+        *launcher,
+    ]
     saved = sys.argv
     sys.argv = ["ttt-bench ablate", *argv]
     try:
@@ -208,7 +248,9 @@ def check_configs(runs: dict, out: Path) -> list[str]:
     return ok
 
 
-def run_sweep(name: str, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = ()) -> pd.DataFrame:
+def run_sweep(
+    name: str, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = ()
+) -> pd.DataFrame:
     """Plan, run (skipping finished runs) and tabulate a sweep; returns the registry."""
     out = Path(out).resolve()
     runs = plan_sweep(name, profile, data_dir)
@@ -224,13 +266,14 @@ def run_sweep(name: str, profile: str, out: Path, data_dir: str | None = None, l
                 record_failure(out / n, f"the run it starts from ({runs[n]['after']}) did not finish")
                 continue
             todo.append(n)
-        log.info("sweep %s (%s): %d runs to train%s", name, profile, len(todo), " (dependent)" if stage else "")
+        log.info("sweep %s (%s): %d runs to train%s", name, profile, len(todo), "" if stage else " first")
         if todo:
             launch(plan_path, todo, list(launcher))
     return write_registry(out)
 
 
 # ---- the registry ----
+
 
 def collect(out: Path) -> pd.DataFrame:
     """Every run of a sweep folder as one row: plan info, then metrics (missing runs: status 'pending')."""
@@ -240,14 +283,23 @@ def collect(out: Path) -> pd.DataFrame:
     for name, spec in plan["runs"].items():
         metrics = read_metrics(out / name) or {"status": "pending"}
         info = {k: v for k, v in spec.items() if k not in ("overrides", "after")}
-        rows.append({"run": name, "sweep": plan["sweep"], "profile": plan["profile"], **info, **metrics,
-                     "after": spec["after"], "overrides": " ".join(spec["overrides"])})
+        rows.append(
+            {
+                "run": name,
+                "sweep": plan["sweep"],
+                "profile": plan["profile"],
+                **info,
+                **metrics,
+                "after": spec["after"],
+                "overrides": " ".join(spec["overrides"]),
+            }
+        )
     df = pd.DataFrame(rows)
     if "train_flops" not in df:
         df["train_flops"] = float("nan")
     # TF finetune's budget includes its pretraining (the x axis of Figures 13 and 18)
     own = pd.to_numeric(df["train_flops"], errors="coerce")
-    parent = df["after"].map(dict(zip(df["run"], own)))
+    parent = df["after"].map(dict(zip(df["run"], own, strict=True)))
     df["total_train_flops"] = own + parent.fillna(0.0)
     return df
 

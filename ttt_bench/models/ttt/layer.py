@@ -140,6 +140,10 @@ class TTTLayer(nn.Module):
                 register = self.register_parameter if learnable_w0 else self.register_buffer
                 register(f"W{k + 1}", nn.Parameter(W) if learnable_w0 else W)
                 register(f"b{k + 1}", nn.Parameter(b) if learnable_w0 and inner_bias else b)
+            # biases and norms stored as matrices (the authors' shapes) get no weight decay either
+            for name in ("lr_bias", "ttt_norm_weight", "ttt_norm_bias", "b1", "b2"):
+                if isinstance(getattr(self, name, None), nn.Parameter):
+                    getattr(self, name)._no_weight_decay = True
         self.init_special_parameters()
 
     def init_special_parameters(self) -> None:
