@@ -41,7 +41,7 @@ def _end_weights_step(params, xk, xv, eta, ln):
     xs, gs = learner.grads(params, xk, xv, ln)
     last = eta[..., -1:, :].transpose(-1, -2)
     W, b = params
-    return None, (W - (last * xs[0]).transpose(-1, -2) @ gs[0], b - (last * gs[0]).sum(-2, True))
+    return xk[..., :1, :1], (W - (last * xs[0]).transpose(-1, -2) @ gs[0], b - (last * gs[0]).sum(-2, True))
 
 
 def _best_time(fn, repeats: int) -> float:

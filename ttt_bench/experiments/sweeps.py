@@ -86,7 +86,7 @@ def _model_cfg(overrides: list[str]) -> tuple[dict, int]:
 
 def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: int = 256) -> dict:
     p, methods = sweep["profiles"][profile], sweep["methods"]
-    tokens = lambda scale: f"recipe.total_tokens=${{ttt.mul:${{size.tokens}},{scale:g}}}"
+    tokens = lambda scale: f"recipe.total_tokens='${{ttt.mul:${{size.tokens}},{scale:g}}}'"
     runs = {}
 
     def add(role, key, label, size, T, extra=(), suffix=""):
