@@ -254,8 +254,13 @@ def run_sweep(
     """Plan, run (skipping finished runs) and tabulate a sweep; returns the registry."""
     out = Path(out).resolve()
     runs = plan_sweep(name, profile, data_dir)
+    for spec in runs.values():  # TF finetune starts from the weights of the run it depends on
+        if spec["after"] is not None:
+            ckpt = out / spec["after"] / "checkpoints" / "last.ckpt"
+            spec["overrides"].append(f"recipe.init_from='{ckpt}'")
     plan_path = out / "plan.json"
-    write_json(plan_path, {"sweep": name, "profile": profile, "dir": str(out), "runs": runs})
+    plan = {"sweep": name, "profile": profile, "dir": str(out), "order": list(runs), "runs": runs}
+    write_json(plan_path, plan)
     valid = check_configs(runs, out)
     for stage in (False, True):  # runs without dependencies, then those that start from another run
         todo = []
@@ -280,7 +285,8 @@ def collect(out: Path) -> pd.DataFrame:
     out = Path(out)
     plan = json.loads((out / "plan.json").read_text())
     rows = []
-    for name, spec in plan["runs"].items():
+    for name in plan["order"]:  # the plan's order (json keys are sorted)
+        spec = plan["runs"][name]
         metrics = read_metrics(out / name) or {"status": "pending"}
         info = {k: v for k, v in spec.items() if k not in ("overrides", "after")}
         rows.append(
