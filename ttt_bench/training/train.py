@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import UserError
 from ..flops import train_flops
 from ..io import write_atomic, write_json
-from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint
+from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpoint
 from .evaluate import bits_per_byte, evaluate, save_token_index
 from .faults import KillDuringStep
 from .module import LitLM
@@ -150,6 +150,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                           check_val_every_n_epoch=None, use_distributed_sampler=False,
                           plugins=[checkpoint_io])
     dm.samples_per_step = geo["sequences_per_step"]
+    init_from = cfg.recipe.get("init_from")
+    if init_from and resume is None:  # TF finetune: pretrained weights, new optimizer state and schedule
+        try:
+            module.load_state_dict(read_checkpoint(init_from)["state_dict"])
+        except RuntimeError as e:
+            reason = str(e).splitlines()[0]
+            raise UserError(f"recipe.init_from={init_from} does not fit this model: {reason}") from None
     log.info("model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
              cfg.model.name, module.model.num_params(False) / 1e6, module.model.num_params() / 1e6,
              cfg.trainer.max_steps, geo["tokens_per_step"], geo["accumulate"],
@@ -168,7 +175,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "tokens_seen": tokens_seen, "skipped_steps": module.skipped_steps, "wall_time_s": round(wall, 2),
         "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1), **result,
         "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
-        "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen),
+        "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen), "init_from": init_from,
         "run_dir": str(run_dir),
     }
     write_json(run_dir / "metrics.json", metrics)
