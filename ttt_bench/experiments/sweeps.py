@@ -16,6 +16,7 @@ they depend on has finished.
 import json
 import logging
 import shlex
+import shutil
 import sys
 from importlib import resources
 from pathlib import Path
@@ -190,7 +191,14 @@ def run_one(name: str, spec: dict, run_dir: Path) -> None:
 
     from ..training.train import train
 
-    if finished(run_dir):
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text())["overrides"]
+    except (OSError, ValueError, KeyError):
+        recorded = None
+    if recorded is not None and recorded != spec["overrides"]:  # planned anew with other settings: stale
+        log.info("run %s was made with other overrides; training it again", name)
+        shutil.rmtree(run_dir)
+    elif finished(run_dir):
         return
     command = "ttt-bench train " + " ".join(shlex.quote(o) for o in spec["overrides"])
     write_json(run_dir / "run.json", {"name": name, **spec, "command": command})
