@@ -97,27 +97,16 @@ def time_w_and_z(
 
 @torch.no_grad()
 def inner_losses(ckpt_path: str, max_sequences: int = 16, batch_size: int = 4) -> pd.DataFrame:
-    """Figures 5/17: l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per layer and position t, averaged over the
-    first `max_sequences` validation sequences of the data the checkpoint was trained on."""
+    """Figures 5/17 for a checkpoint, on the validation data it was trained with (evaluate.inner_losses)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from ..models.ttt.diagnostics import record_inner_losses
     from ..training.checkpoint import load_checkpoint
+    from ..training.evaluate import inner_losses as measure_inner_losses
 
     module, _ = load_checkpoint(ckpt_path)
     data_cfg = OmegaConf.create(module.hparams["config"]["data"])
     data_cfg.tokenizer = module.hparams["tokenizer"]
     dm = instantiate(data_cfg)
     dm.prepare_data()
-    dataset = dm.val_dataset()
-    n = min(max_sequences, len(dataset))
-    with record_inner_losses(module.model) as rec:
-        for start in range(0, n, batch_size):
-            batch = torch.stack([dataset[i] for i in range(start, min(start + batch_size, n))])
-            module.model(batch[:, :-1])
-    rows = [
-        pd.DataFrame({"layer": layer, "position": range(1, len(d["w0"]) + 1), **d})
-        for layer, d in rec.losses().items()
-    ]
-    return pd.concat(rows, ignore_index=True)
+    return measure_inner_losses(module.model, dm.val_dataset(), max_sequences, batch_size)

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import UserError
 from ..io import write_json
 from .checkpoint import load_checkpoint
-from .evaluate import bits_per_byte, evaluate, save_token_index
+from .evaluate import bits_per_byte, evaluate, inner_losses, save_inner_losses, save_token_index
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,24 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     dm.prepare_data()
     result = evaluate(module.model, dm.val_dataset(cfg.max_tokens), batch_size=cfg.batch_size)
     save_token_index(Path(out_dir) / "token_index.csv", result.pop("token_index_loss"))
-    metrics = {"ckpt_path": str(cfg.ckpt_path), "model": hp["config"]["model"]["name"], "data": data_cfg.name,
-               "seq_len": data_cfg.seq_len, **result,
-               "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token())}
+    save_inner_losses(
+        Path(out_dir) / "inner_losses.csv", inner_losses(module.model, dm.val_dataset(cfg.max_tokens))
+    )
+    metrics = {
+        "ckpt_path": str(cfg.ckpt_path),
+        "model": hp["config"]["model"]["name"],
+        "data": data_cfg.name,
+        "seq_len": data_cfg.seq_len,
+        **result,
+        "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
+    }
     write_json(Path(out_dir) / "metrics.json", metrics)
-    log.info("val loss %.4f, ppl %.3f, bpb %.4f over %d tokens; outputs in %s", metrics["val_loss"],
-             metrics["val_ppl"], metrics["val_bpb"], metrics["val_tokens"], out_dir)
+    log.info(
+        "val loss %.4f, ppl %.3f, bpb %.4f over %d tokens; outputs in %s",
+        metrics["val_loss"],
+        metrics["val_ppl"],
+        metrics["val_bpb"],
+        metrics["val_tokens"],
+        out_dir,
+    )
     return metrics

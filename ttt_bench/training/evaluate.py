@@ -30,8 +30,13 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 8, device=None) 
     model.train(was_training)
     token_index = (per_position / n_seqs).numpy()
     mean = float(token_index.mean())
-    return {"val_loss": mean, "val_ppl": math.exp(min(mean, 50.0)), "val_sequences": n_seqs,
-            "val_tokens": n_seqs * len(token_index), "token_index_loss": token_index}
+    return {
+        "val_loss": mean,
+        "val_ppl": math.exp(min(mean, 50.0)),
+        "val_sequences": n_seqs,
+        "val_tokens": n_seqs * len(token_index),
+        "token_index_loss": token_index,
+    }
 
 
 def bits_per_byte(loss: float, bytes_per_token: float) -> float:
@@ -43,3 +48,36 @@ def save_token_index(path, token_index: np.ndarray) -> None:
 
     rows = "\n".join(f"{t + 1},{v:.6f}" for t, v in enumerate(token_index))
     write_atomic(path, "token_index,loss\n" + rows + "\n")
+
+
+def save_inner_losses(path, table) -> None:
+    """inner_losses.csv (layer, position, w0, prev, now) beside the run, for `ttt-bench plot inner-loss`."""
+    from ..io import write_atomic
+
+    if table is not None:
+        write_atomic(path, table.to_csv(index=False))
+
+
+@torch.no_grad()
+def inner_losses(model: torch.nn.Module, dataset, max_sequences: int = 16, batch_size: int = 4):
+    """Figures 5/17: l(W_0; x_t), l(W_{t-1}; x_t), l(W_t; x_t) per TTT layer and position t, averaged over
+    the first `max_sequences` sequences of `dataset`; None for a model without parametric TTT layers."""
+    import pandas as pd
+
+    from ..models.ttt.diagnostics import record_inner_losses, recordable_layers
+
+    if not recordable_layers(model):
+        return None
+    was_training = model.training
+    model.eval()
+    n = min(max_sequences, len(dataset))
+    with record_inner_losses(model) as rec:
+        for start in range(0, n, batch_size):
+            model(torch.stack([dataset[i] for i in range(start, min(start + batch_size, n))])[:, :-1])
+    model.train(was_training)
+    losses = rec.losses()
+    rows = [
+        pd.DataFrame({"layer": layer, "position": range(1, len(d["w0"]) + 1), **d})
+        for layer, d in losses.items()
+    ]
+    return pd.concat(rows, ignore_index=True)

@@ -21,7 +21,7 @@ from ..errors import UserError
 from ..flops import train_flops
 from ..io import write_atomic, write_json
 from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpoint
-from .evaluate import bits_per_byte, evaluate, save_token_index
+from .evaluate import bits_per_byte, evaluate, inner_losses, save_inner_losses, save_token_index
 from .faults import KillDuringStep
 from .module import LitLM
 
@@ -36,10 +36,15 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     sequences = max(1, tokens // seq_len)
     per_step = micro * world_size
     if sequences % per_step:
-        raise UserError(f"recipe.tokens_per_batch={tokens} gives {sequences} sequences of {seq_len} tokens, "
-                        f"not a multiple of data.micro_batch_size x devices = {per_step}; change one of them")
-    return {"sequences_per_step": sequences, "accumulate": sequences // per_step,
-            "tokens_per_step": sequences * seq_len}
+        raise UserError(
+            f"recipe.tokens_per_batch={tokens} gives {sequences} sequences of {seq_len} tokens, "
+            f"not a multiple of data.micro_batch_size x devices = {per_step}; change one of them"
+        )
+    return {
+        "sequences_per_step": sequences,
+        "accumulate": sequences // per_step,
+        "tokens_per_step": sequences * seq_len,
+    }
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -78,9 +83,18 @@ class LossLog(Callback):
 
 
 # Settings that must be positive integers / numbers (checked when present), with an example value each.
-POSITIVE_INTS = {"data.seq_len": 512, "data.micro_batch_size": 8, "recipe.tokens_per_batch": 16384,
-                 "trainer.max_steps": 1000, "size.d_model": 768, "size.n_layers": 12, "size.n_heads": 12,
-                 "size.mlp_hidden": 2048, "checkpoint_every_n_steps": 100, "eval_every_n_steps": 100}
+POSITIVE_INTS = {
+    "data.seq_len": 512,
+    "data.micro_batch_size": 8,
+    "recipe.tokens_per_batch": 16384,
+    "trainer.max_steps": 1000,
+    "size.d_model": 768,
+    "size.n_layers": 12,
+    "size.n_heads": 12,
+    "size.mlp_hidden": 2048,
+    "checkpoint_every_n_steps": 100,
+    "eval_every_n_steps": 100,
+}
 POSITIVE_NUMBERS = {"recipe.lr": 3e-3, "recipe.grad_clip": 1.0}
 
 
@@ -93,19 +107,27 @@ def check_config(cfg: DictConfig) -> None:
             kind = "a positive integer" if key in POSITIVE_INTS else "a positive number"
             raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
     if cfg.size.d_model % cfg.size.n_heads:
-        raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
-                        "pick a number of heads that divides the width")
+        raise UserError(
+            f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
+            "pick a number of heads that divides the width"
+        )
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
-                        "has none; use trainer=cpu (the default)")
+        raise UserError(
+            f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
+            "has none; use trainer=cpu (the default)"
+        )
     seq_len, max_len = cfg.data.seq_len, cfg.model.get("max_seq_len")
     if max_len is not None and seq_len > max_len:
-        raise UserError(f"data.seq_len={seq_len} is above the model's maximum context "
-                        f"model.max_seq_len={max_len}; use a shorter data.seq_len or raise model.max_seq_len")
+        raise UserError(
+            f"data.seq_len={seq_len} is above the model's maximum context "
+            f"model.max_seq_len={max_len}; use a shorter data.seq_len or raise model.max_seq_len"
+        )
     mini_batch = cfg.model.get("block", {}).get("mini_batch_size")
     if mini_batch is not None and not 1 <= mini_batch <= seq_len:
-        raise UserError(f"model.block.mini_batch_size={mini_batch} must be between 1 and the context "
-                        f"data.seq_len={seq_len}; e.g. model.block.mini_batch_size=16")
+        raise UserError(
+            f"model.block.mini_batch_size={mini_batch} must be between 1 and the context "
+            f"data.seq_len={seq_len}; e.g. model.block.mini_batch_size=16"
+        )
 
 
 def build_data(cfg: DictConfig):
@@ -115,10 +137,15 @@ def build_data(cfg: DictConfig):
 
 
 def build_module(cfg: DictConfig, dm) -> LitLM:
-    return LitLM(model_cfg=OmegaConf.to_container(cfg.model, resolve=True),
-                 recipe=OmegaConf.to_container(cfg.recipe, resolve=True), vocab_size=dm.vocab_size,
-                 tokenizer=dm.build_tokenizer().spec, max_steps=int(cfg.trainer.max_steps),
-                 config=OmegaConf.to_container(cfg, resolve=True), nonfinite=cfg.nonfinite)
+    return LitLM(
+        model_cfg=OmegaConf.to_container(cfg.model, resolve=True),
+        recipe=OmegaConf.to_container(cfg.recipe, resolve=True),
+        vocab_size=dm.vocab_size,
+        tokenizer=dm.build_tokenizer().spec,
+        max_steps=int(cfg.trainer.max_steps),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        nonfinite=cfg.nonfinite,
+    )
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
@@ -138,17 +165,30 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     fault = cfg.get("fault") or {}  # test-only fault injection, see faults.py
     kill_step, kill_during = fault.get("kill_at_step"), fault.get("kill_during", "step")
     callbacks = [
-        StepCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step}", auto_insert_metric_name=False,
-                        every_n_train_steps=cfg.checkpoint_every_n_steps, save_last=True, save_top_k=-1),
-        LearningRateMonitor(logging_interval="step"), LossLog(run_dir / "losses.csv"),
+        StepCheckpoint(
+            dirpath=run_dir / "checkpoints",
+            filename="step-{step}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=cfg.checkpoint_every_n_steps,
+            save_last=True,
+            save_top_k=-1,
+        ),
+        LearningRateMonitor(logging_interval="step"),
+        LossLog(run_dir / "losses.csv"),
         *([KillDuringStep(kill_step)] if kill_step and kill_during == "step" else []),
     ]
     checkpoint_io = AtomicCheckpointIO(kill_step if kill_during == "checkpoint_write" else None)
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=CSVLogger(run_dir, name="", version=""),
-                          default_root_dir=run_dir, accumulate_grad_batches=geo["accumulate"],
-                          val_check_interval=cfg.eval_every_n_steps * geo["accumulate"],
-                          check_val_every_n_epoch=None, use_distributed_sampler=False,
-                          plugins=[checkpoint_io])
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=CSVLogger(run_dir, name="", version=""),
+        default_root_dir=run_dir,
+        accumulate_grad_batches=geo["accumulate"],
+        val_check_interval=cfg.eval_every_n_steps * geo["accumulate"],
+        check_val_every_n_epoch=None,
+        use_distributed_sampler=False,
+        plugins=[checkpoint_io],
+    )
     dm.samples_per_step = geo["sequences_per_step"]
     init_from = cfg.recipe.get("init_from")
     if init_from and resume is None:  # TF finetune: pretrained weights, new optimizer state and schedule
@@ -157,28 +197,49 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         except RuntimeError as e:
             reason = str(e).splitlines()[0]
             raise UserError(f"recipe.init_from={init_from} does not fit this model: {reason}") from None
-    log.info("model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
-             cfg.model.name, module.model.num_params(False) / 1e6, module.model.num_params() / 1e6,
-             cfg.trainer.max_steps, geo["tokens_per_step"], geo["accumulate"],
-             f"; resuming {resume}" if resume else "")
+    log.info(
+        "model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
+        cfg.model.name,
+        module.model.num_params(False) / 1e6,
+        module.model.num_params() / 1e6,
+        cfg.trainer.max_steps,
+        geo["tokens_per_step"],
+        geo["accumulate"],
+        f"; resuming {resume}" if resume else "",
+    )
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # ours, with numpy RNG states
     wall = time.perf_counter() - start
 
     result = evaluate(module.model, dm.val_dataset(), batch_size=cfg.data.micro_batch_size)
     save_token_index(run_dir / "token_index.csv", result.pop("token_index_loss"))
+    save_inner_losses(run_dir / "inner_losses.csv", inner_losses(module.model, dm.val_dataset()))
     tokens_seen = module.tokens_seen
     metrics = {
-        "status": "finished", "model": cfg.model.name, "size": cfg.size.name, "data": cfg.data.name,
-        "seq_len": cfg.data.seq_len, "params": module.model.num_params(False),
-        "non_embedding_params": module.model.num_params(), "steps": trainer.global_step,
-        "tokens_seen": tokens_seen, "skipped_steps": module.skipped_steps, "wall_time_s": round(wall, 2),
-        "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1), **result,
+        "status": "finished",
+        "model": cfg.model.name,
+        "size": cfg.size.name,
+        "data": cfg.data.name,
+        "seq_len": cfg.data.seq_len,
+        "params": module.model.num_params(False),
+        "non_embedding_params": module.model.num_params(),
+        "steps": trainer.global_step,
+        "tokens_seen": tokens_seen,
+        "skipped_steps": module.skipped_steps,
+        "wall_time_s": round(wall, 2),
+        "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1),
+        **result,
         "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
-        "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen), "init_from": init_from,
+        "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen),
+        "init_from": init_from,
         "run_dir": str(run_dir),
     }
     write_json(run_dir / "metrics.json", metrics)
-    log.info("val loss %.4f, ppl %.3f, bpb %.4f; outputs in %s", metrics["val_loss"], metrics["val_ppl"],
-             metrics["val_bpb"], run_dir)
+    log.info(
+        "val loss %.4f, ppl %.3f, bpb %.4f; outputs in %s",
+        metrics["val_loss"],
+        metrics["val_ppl"],
+        metrics["val_bpb"],
+        run_dir,
+    )
     return metrics

@@ -54,11 +54,16 @@ class InnerLossRecorder:
         )
 
 
+def recordable_layers(model: torch.nn.Module) -> list[TTTLayer]:
+    """The TTT layers with an inner loss (every learner but the kernel learner of Theorem 2)."""
+    return [m for m in model.modules() if isinstance(m, TTTLayer) and m.learner != "kernel"]
+
+
 @contextmanager
 def record_inner_losses(model: torch.nn.Module):
     """Record the inner losses of every parametric TTT layer of `model` while the context is open."""
     rec = InnerLossRecorder()
-    layers = [m for m in model.modules() if isinstance(m, TTTLayer) and m.learner != "kernel"]
+    layers = recordable_layers(model)
     for m in layers:
         m.diagnostics = rec
     try:
