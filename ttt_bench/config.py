@@ -28,9 +28,17 @@ def _slug(overrides: str) -> str:
     return safe[:100] + "-" + hashlib.sha256(overrides.encode()).hexdigest()[:12]
 
 
+def _gpu_precision() -> str:
+    """Mixed precision for GPU trainers: bf16 where supported (Ampere and later), fp16 otherwise."""
+    import torch
+
+    return "bf16-mixed" if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else "16-mixed"
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "ttt.slug": _slug,
+        "ttt.gpu_precision": _gpu_precision,
         "ttt.steps": _steps,
         "ttt.repo_root": lambda: str(REPO_ROOT),
         "ttt.mul": lambda a, b: a * b,

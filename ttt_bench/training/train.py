@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
@@ -181,7 +181,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
-        logger=CSVLogger(run_dir, name="", version=""),
+        logger=[CSVLogger(run_dir, name="", version="")]
+        + ([TensorBoardLogger(run_dir, name="", version="tensorboard")] if cfg.get("tensorboard") else []),
         default_root_dir=run_dir,
         accumulate_grad_batches=geo["accumulate"],
         val_check_interval=cfg.eval_every_n_steps * geo["accumulate"],
