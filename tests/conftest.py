@@ -7,6 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Triton kernels run in its CPU interpreter where there is no GPU (CI); the variable must be set before any
+# module decorates a kernel, i.e. before the first test imports ttt_bench.kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("TTT_BENCH_DATA_DIR", REPO.parent / "shared" / "data"))
 
