@@ -43,3 +43,27 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class ResidualBlock(nn.Module):
+    """The Llama block around a token mixer: x + mixer(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)).
+
+    The mixer (attention, linear attention, ...) owns its decoding cache: `mixer.init_cache(...)`.
+    """
+
+    def __init__(
+        self, layer_idx: int, mixer: nn.Module, d_model: int, mlp_hidden: int, norm_eps: float = 1e-6
+    ):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attn_norm = RMSNorm(d_model, norm_eps)
+        self.attn = mixer
+        self.mlp_norm = RMSNorm(d_model, norm_eps)
+        self.mlp = SwiGLU(d_model, mlp_hidden)
+
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def init_cache(self, batch_size: int, device=None, dtype=None):
+        return self.attn.init_cache(batch_size, device, dtype)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from .layers import ResidualBlock, apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -84,8 +84,11 @@ class LinearAttention(nn.Module):
         z = z.transpose(1, 2).reshape(B, T, D)
         return self.o_proj(self.post_norm(z) if self.post_norm is not None else z)
 
+    def init_cache(self, batch_size: int, device=None, dtype=None) -> LinearAttentionCache:
+        return LinearAttentionCache()
 
-class LinearAttentionBlock(nn.Module):
+
+class LinearAttentionBlock(ResidualBlock):
     """x + LinearAttention(RMSNorm(x)), then x + SwiGLU(RMSNorm(x))."""
 
     def __init__(
@@ -99,16 +102,5 @@ class LinearAttentionBlock(nn.Module):
         rope_theta: float = 10_000.0,
         norm_eps: float = 1e-6,
     ):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.attn_norm = RMSNorm(d_model, norm_eps)
-        self.attn = LinearAttention(d_model, n_heads, variant, rope, rope_theta)
-        self.mlp_norm = RMSNorm(d_model, norm_eps)
-        self.mlp = SwiGLU(d_model, mlp_hidden)
-
-    def forward(self, x: torch.Tensor, cache: LinearAttentionCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache)
-        return x + self.mlp(self.mlp_norm(x))
-
-    def init_cache(self, batch_size: int, device=None, dtype=None) -> LinearAttentionCache:
-        return LinearAttentionCache()
+        mixer = LinearAttention(d_model, n_heads, variant, rope, rope_theta)
+        super().__init__(layer_idx, mixer, d_model, mlp_hidden, norm_eps)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from .layers import ResidualBlock, apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Attention(nn.Module):
         return KVCache(k=empty, v=empty.clone())
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(ResidualBlock):
     """x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x))."""
 
     def __init__(
@@ -66,16 +66,4 @@ class TransformerBlock(nn.Module):
         rope_theta: float = 10_000.0,
         norm_eps: float = 1e-6,
     ):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.attn_norm = RMSNorm(d_model, norm_eps)
-        self.attn = Attention(d_model, n_heads, rope_theta)
-        self.mlp_norm = RMSNorm(d_model, norm_eps)
-        self.mlp = SwiGLU(d_model, mlp_hidden)
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache)
-        return x + self.mlp(self.mlp_norm(x))
-
-    def init_cache(self, batch_size: int, device=None, dtype=None) -> KVCache:
-        return self.attn.init_cache(batch_size, device, dtype)
+        super().__init__(layer_idx, Attention(d_model, n_heads, rope_theta), d_model, mlp_hidden, norm_eps)
