@@ -127,3 +127,32 @@ def test_convert_round_trip(backbone):
     assert ("model.layers.0.conv.conv.weight" in theirs) == (backbone == "mamba")
     back = from_authors(theirs)
     assert back.keys() == sd.keys() and all(back[k] is sd[k] for k in sd)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_triton_kernels_in_the_layer_match_torch(monkeypatch, decode):
+    """kernel="triton" (Triton's interpreter on CPU) against kernel="torch": the dual kernel over complete
+    mini-batches, and the decode kernel token by token."""
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from ttt_bench.models.ttt import TTTLayer
+    from ttt_bench.models.ttt.layer import TTTCache
+
+    torch.manual_seed(0)
+    layers = [TTTLayer(32, 2, mini_batch_size=16, share_qk=True, use_gate=True, kernel=k).float()
+              for k in ("torch", "triton")]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 20 if decode else 40, 32, dtype=torch.float32)
+    if decode:
+        outs = []
+        for layer in layers:
+            cache = TTTCache()
+            outs.append(torch.cat([layer(x[:, t : t + 1], cache) for t in range(x.shape[1])], 1))
+        assert torch.allclose(outs[1], outs[0], rtol=0, atol=1e-5)
+        return
+    zs = [layer(x) for layer in layers]
+    assert torch.allclose(zs[1], zs[0], rtol=0, atol=1e-5)
+    grads = [torch.autograd.grad(z.square().sum(), list(layer.parameters())) for z, layer in zip(zs, layers)]
+    for u, v in zip(*grads, strict=True):  # float32, relative to the largest entry
+        assert (v - u).abs().max() <= 1e-4 * u.abs().max()

@@ -103,32 +103,30 @@ STEPS = {"dual": dual_step, "primal": primal_step}
 
 def scan(step, params: Params, inputs: tuple, checkpoint_every: int = 0):
     """Run `step(params, *inputs[:, :, n]) -> (out_n, params)` over the N mini-batches of inputs
-    [B, H, N, ...]; returns (outputs stacked on axis 2, final params).
+    [B, H, N, ...]; returns (outputs stacked on axis 2, final params)."""
 
-    Gradient checkpointing through time (Appendix C): with checkpoint_every = k > 0 (and autograd on),
-    only the weights at every k-th mini-batch boundary are kept for backward, and each group of k
-    mini-batches is recomputed during backward.
-    """
-    N = inputs[0].shape[2]
-    per_step = list(
-        zip(*(x.unbind(2) for x in inputs), strict=True)
-    )  # one backward for all slices, not one per slice
-
-    def run(lo, hi, *params):
+    def run(params, *inputs):
         outs = []
-        for n in range(lo, hi):
-            out, params = step(params, *per_step[n])
+        for xs in zip(*(x.unbind(2) for x in inputs), strict=True):  # unbind: one backward for all slices
+            out, params = step(params, *xs)
             outs.append(out)
-        return (torch.stack(outs, 2), *params)
+        return torch.stack(outs, 2), params
 
+    return in_groups(run, params, inputs, checkpoint_every)
+
+
+def in_groups(run, params: Params, inputs: tuple, checkpoint_every: int = 0):
+    """`run(params, *group) -> (out, params)` over groups of mini-batches of inputs [B, H, N, ...], with
+    gradient checkpointing through time (Appendix C): with checkpoint_every = k > 0 (and autograd on), only
+    the weights at every k-th mini-batch boundary are kept for backward, and each group of k mini-batches is
+    recomputed during backward. Without, one group of all N."""
     ckpt = checkpoint_every > 0 and torch.is_grad_enabled()
-    k = checkpoint_every if ckpt else N
+    if not ckpt:
+        return run(params, *inputs)
     outs = []
-    for lo in range(0, N, k):
-        hi = min(lo + k, N)
-        out = checkpoint(run, lo, hi, *params, use_reentrant=False) if ckpt else run(lo, hi, *params)
-        outs.append(out[0])
-        params = tuple(out[1:])
+    for group in zip(*(x.split(checkpoint_every, 2) for x in inputs), strict=True):
+        out, params = checkpoint(run, params, *group, use_reentrant=False)
+        outs.append(out)
     return torch.cat(outs, 2), params
 
 
@@ -146,10 +144,104 @@ def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_eve
     linear learner f(x) = xW + b without LN and residual.
     Returns Z [B, H, N, b, f] (the layer output before post-norm, with the +XQ residual when LN is on),
     and W_last, b_last: the weights after the last mini-batch.
+
+    The same computation as `dual_step` over `scan`, arranged for speed: everything that does not depend
+    on W (the masked eta * (XQ XK^T + 1), eta's last row, the labels) is computed for all N mini-batches
+    in one batched op before the scan, and the output LayerNorm after it; the bias is the row of W for a
+    feature that is always 1, so each mini-batch is two matmuls with W and one with G.
     """
     ln = None if ln_weight is None else (ln_weight, ln_bias)
-    Z, (W_last, b_last) = ttt_scan("dual", (W, b), XQ, XK, XV, eta, ln, checkpoint_every)
-    return Z, W_last, b_last
+    B, H, N, c, f = XQ.shape
+
+    def run(W, XQ, XK, label, eta, w2):
+        if b is not None:  # x -> [x, 1]
+            XQ, XK = (torch.cat([x, torch.ones_like(x[..., :1])], -1) for x in (XQ, XK))
+        eta = eta.tril()  # the mask: token t only sees s <= t
+        A = eta * (XQ @ XK.transpose(-1, -2))  # with the bias: eta * mask(XQ XK^T + 1)
+        XK_last = (eta[..., -1:, :].transpose(-1, -2) * XK).transpose(-1, -2)  # eta[b, s] x_s as columns
+        return LinearDualScan.apply(W, XQ, XK, label, A, XK_last, w2)
+
+    W = W if b is None else torch.cat([W, b], -2)  # the bias is the row of W for a feature that is always 1
+    label, w2 = XV, None
+    if ln is not None:  # f_res learns xv - xk; the label's part of the LN-L2 gradient: (ln_b - label) ln_w
+        label = (ln_bias.unsqueeze(-2) - (XV - XK)) * ln_weight.unsqueeze(-2)
+        w2 = (ln_weight * ln_weight).unsqueeze(-2).expand(H, N, 1, f).unsqueeze(0)  # per mini-batch
+    Zbar, W = in_groups(run, W, (XQ, XK, label, eta, w2), checkpoint_every)
+    Z = XQ + learner.layer_norm(Zbar, *(p.unsqueeze(-2) for p in ln)) if ln is not None else Zbar
+    return (Z, W, None) if b is None else (Z, W[..., :f, :], W[..., f:, :])
+
+
+class LinearDualScan(torch.autograd.Function):
+    """TTT-Linear's dual form over N mini-batches given its W-independent parts, with a hand-written backward.
+
+    Inputs (see `ttt_linear_dual`; the bias, if any, is folded into W and a feature 1 of XQ, XK):
+    W [B, H, d, f]; XQ, XK [B, H, N, b, d]; label [B, H, N, b, f]: with LN, (ln_b - (xv - xk)) ln_w, else xv;
+    A [B, H, N, b, b] = tril(eta) * (XQ XK^T); XK_last [B, H, N, d, b] = XK^T diag(eta[b]);
+    w2 [1, H, N, 1, f]: ln_w^2 (None without LN). Mini-batch n starts from W_n:
+
+        G_n = LN-L2 gradient at XK_n W_n (Appendix A.3),    W_{n+1} = W_n - XK_last_n G_n,
+
+    the only sequential part; then for all n at once, Zbar_n = XQ_n W_n - A_n G_n (Equation 8).
+    Returns (Zbar [B, H, N, b, f], W_N). The backward walks the mini-batches in reverse with the gradient
+    of W, from the saved W_n, G_n and LayerNorm intermediates.
+    """
+
+    @staticmethod
+    def _grad(zk, label, w2):
+        """G at Z1 = XK W, and the LayerNorm's intermediates (learner.ln_l2_grad) for the backward."""
+        if w2 is None:
+            return zk - label, ()
+        g, *ln_saved = learner.ln_l2_grad(zk, w2, label)
+        return g, ln_saved
+
+    @staticmethod
+    def forward(ctx, W, XQ, XK, label, A, XK_last, w2):
+        N = XK.shape[2]
+        Ws, saved = [], []
+        w2s = [None] * N if w2 is None else w2.unbind(2)
+        for xk, lab, xk_last, w in zip(XK.unbind(2), label.unbind(2), XK_last.unbind(2), w2s, strict=True):
+            Ws.append(W)
+            g, ln_saved = LinearDualScan._grad(xk @ W, lab, w)
+            saved.append((g, *ln_saved))
+            W = W - xk_last @ g
+        Ws = torch.stack(Ws, 2)
+        G, *ln_saved = (torch.stack(t, 2) for t in zip(*saved, strict=True))
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(XQ, XK, A, XK_last, w2, Ws, G, *ln_saved)
+        return XQ @ Ws - A @ G, W
+
+    @staticmethod
+    def backward(ctx, dZbar, dW):
+        XQ, XK, A, XK_last, w2, Ws, G, *ln_saved = ctx.saved_tensors
+        N = XK.shape[2]
+        dW = torch.zeros_like(Ws[:, :, 0]) if dW is None else dW
+        dZbar = torch.zeros_like(G) if dZbar is None else dZbar
+        # Zbar = XQ W_n - A G for all n at once
+        dA, dXQ = (dZbar @ G.transpose(-1, -2)).neg_(), dZbar @ Ws.transpose(-1, -2)
+        dWs, dG = XQ.transpose(-1, -2) @ dZbar, (A.transpose(-1, -2) @ dZbar).neg_()
+        dXK_last, dZK, dlabel, dw2 = [], [], [], []
+        for n in reversed(range(N)):  # dW: the gradient of W_{n+1} = W_n - XK_last_n G_n
+            dXK_last.append((dW @ G[:, :, n].transpose(-1, -2)).neg_())
+            dg = dG[:, :, n] - XK_last[:, :, n].transpose(-1, -2) @ dW
+            if not ln_saved:
+                dzk = dg
+                dlabel.append(-dg)
+            else:  # through G = rstd P(g0), P the self-adjoint projection, g0 = label + w2 zh, zh = LN(zk)
+                g, (rstd, zh, g0) = G[:, :, n], (t[:, :, n] for t in ln_saved)
+                u = dg * rstd
+                u_zh = (u * zh).mean(-1, keepdim=True)
+                dg0 = u - u.mean(-1, keepdim=True) - zh * u_zh
+                dzh = w2[:, :, n] * dg0 - (g0 * zh).mean(-1, keepdim=True) * u - g0 * u_zh
+                drstd = (dg * g + dzh * zh).sum(-1, keepdim=True) / rstd  # zc = zh / rstd
+                dzc = (dzh - drstd * rstd * zh / zh.shape[-1]) * rstd
+                dzk = dzc - dzc.mean(-1, keepdim=True)
+                dlabel.append(dg0)
+                dw2.append((dg0 * zh).sum((0, 2), keepdim=True))
+            dZK.append(dzk)
+            dW = dW + dWs[:, :, n] + XK[:, :, n].transpose(-1, -2) @ dzk
+        stack = lambda grads: torch.stack(grads[::-1], 2) if grads else None
+        dXK = stack(dZK) @ Ws.transpose(-1, -2)
+        return dW, dXQ, dXK, stack(dlabel), dA, stack(dXK_last), stack(dw2)
 
 
 def losses_step(params: Params, xk, xv, eta, params0: Params, ln=None):

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ... import kernels
 from ..layers import RMSNorm, SwiGLU, rope_cos_sin
 from . import forms, learner
-from .forms import ttt_linear_dual
 
 LEARNERS = ("linear", "mlp", "kernel")
 
@@ -45,12 +45,10 @@ class CausalConv1d(nn.Conv1d):
         super().__init__(channels, channels, kernel_size, groups=channels, bias=True)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
-        x = x.transpose(1, 2)
-        if state is None:
-            state = x.new_zeros(x.shape[0], x.shape[1], self.kernel_size[0] - 1)
-        x = torch.cat([state, x], dim=-1)
+        x, k = x.transpose(1, 2), self.kernel_size[0] - 1
+        x = F.pad(x, (k, 0)) if state is None else torch.cat([state, x], dim=-1)
         y = F.conv1d(x, self.weight, self.bias, groups=self.groups)
-        return y.transpose(1, 2), x[..., x.shape[-1] - state.shape[-1] :]
+        return y.transpose(1, 2), x[..., x.shape[-1] - k :]
 
 
 def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -82,6 +80,7 @@ class TTTLayer(nn.Module):
         use_gate: bool = False,
         conv_kernel: int = 4,
         mlp_expansion: int = 4,
+        kernel: str = "auto",
     ):
         super().__init__()
         if d_model % n_heads or (d_model // n_heads) % 2:
@@ -92,6 +91,8 @@ class TTTLayer(nn.Module):
             or token_scaling not in ("none", "fixed", "learnable")
         ):
             raise ValueError(f"unknown learner={learner!r}, form={form!r} or token_scaling={token_scaling!r}")
+        if kernel not in kernels.BACKENDS:
+            raise ValueError(f"kernel must be one of {kernels.BACKENDS}, got {kernel!r}")
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be positive, got {mini_batch_size}")
         self.layer_idx = 0  # set by the block; names the layer in diagnostics
@@ -101,6 +102,7 @@ class TTTLayer(nn.Module):
         self.eta_base, self.eta_warmup, self.eta_scale = eta_base, eta_warmup, 1.0
         self.rope, self.rope_theta, self.checkpoint_every = rope, rope_theta, checkpoint_every
         self.share_qk, self.diagnostics = share_qk, None
+        self.kernel = kernel  # auto | torch | triton: the Triton kernels of TTT-Linear (docs/speed.md)
 
         # The views of the self-supervised task (Section 2.3); with share_qk, one projection and two convs.
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
@@ -193,15 +195,23 @@ class TTTLayer(nn.Module):
         """eta[t, s] = token_eta[t] * lr[s]: [..., c, c] from token_eta [c] and lr [..., c]."""
         return token_eta[:, None] * lr[..., None, :]
 
+    def _triton(self, x: torch.Tensor) -> bool:
+        """Whether TTT-Linear runs the Triton kernels here (CUDA by default; docs/speed.md)."""
+        return self.learner == "linear" and kernels.use_triton(x, self.kernel)
+
     def _continue(self, params, sums, xq, xk, xv, lr, start: int):
         """Tokens of one mini-batch from its position `start`, carrying gradient sums (primal form)."""
         c = xq.shape[2]
         te = self.token_eta(start, c)
         if sums is None:
             sums = tuple(None if p is None else torch.zeros_like(p) for p in params)
-        z, sums = forms.primal_step(
-            params, xq, xk, xv, self.eta(te, lr), self.ln(), pending=(sums, te[:, None], lr[..., None, :])
-        )
+        ln = self.ln()
+        if c == 1 and self._triton(xq) and kernels.decode_supported(xq, params[1], ln and ln[0]):
+            z, *sums = kernels.ttt_linear_decode(xq, xk, xv, lr[..., 0], te[0], *params, *sums, *ln)
+        else:
+            z, sums = forms.primal_step(
+                params, xq, xk, xv, self.eta(te, lr), ln, pending=(sums, te[:, None], lr[..., None, :])
+            )
         if start + c == self.mini_batch_size:  # complete: W_b = W_{t'} - token_eta[b] * sums   (Eq. 6)
             return (
                 z,
@@ -226,20 +236,17 @@ class TTTLayer(nn.Module):
         if N:  # complete mini-batches, [B, H, N, b, .]
             split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
             eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
+            XQ, XK, XV = split(xq), split(xk), split(xv)
             if self.learner == "linear" and self.form == "dual":
-                Z, *params = ttt_linear_dual(
-                    split(xq),
-                    split(xk),
-                    split(xv),
-                    eta,
-                    *params,
-                    *(ln or (None, None)),
-                    checkpoint_every=self.checkpoint_every,
-                )
+                if self._triton(XQ) and kernels.dual_supported(XQ, params[1], ln and ln[0]):
+                    Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln)
+                else:
+                    ln_args = ln or (None, None)
+                    Z, *params = forms.ttt_linear_dual(
+                        XQ, XK, XV, eta, *params, *ln_args, checkpoint_every=self.checkpoint_every
+                    )
             else:
-                Z, params = forms.ttt_scan(
-                    self.form, params, split(xq), split(xk), split(xv), eta, ln, self.checkpoint_every
-                )
+                Z, params = forms.ttt_scan(self.form, params, XQ, XK, XV, eta, ln, self.checkpoint_every)
             outs.append(Z.reshape(B, H, N * b, f))
             t += N * b
         if t < T:  # the remainder: a mini-batch shorter than b
@@ -252,8 +259,8 @@ class TTTLayer(nn.Module):
                 eta = self.eta(self.token_eta(0, T - t), lr[..., t:])
                 z, _ = forms.STEPS[self.form](params, rest(xq), rest(xk), rest(xv), eta, ln)
             outs.append(z)
-        if cache is not None:
-            cache.params = tuple(params)
+        if cache is not None:  # contiguous: decoding steps read W_{t'} as is
+            cache.params = tuple(None if p is None else p.contiguous() for p in params)
         return torch.cat(outs, 2)
 
     @torch.no_grad()

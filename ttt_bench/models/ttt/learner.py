@@ -38,17 +38,24 @@ def gelu_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
-    return weight * (x - mu) / torch.sqrt(var + LN_EPS) + bias
+    """LayerNorm over the last axis with per-head weight and bias [H, 1, f]."""
+    return torch.addcmul(bias, weight, F.layer_norm(x, x.shape[-1:], eps=LN_EPS))
 
 
 def layer_norm_l2_grad(z: torch.Tensor, target: torch.Tensor, weight, bias) -> torch.Tensor:
     """Gradient wrt z of 1/2 ||LN(z) - target||^2: LayerNorm's backward fused with the L2 loss."""
-    mu, var = z.mean(-1, keepdim=True), z.var(-1, keepdim=True, unbiased=False)
-    std = torch.sqrt(var + LN_EPS)
-    z_hat = (z - mu) / std
-    g = (weight * z_hat + bias - target) * weight  # d loss / d z_hat
-    return (g - g.mean(-1, keepdim=True) - z_hat * (g * z_hat).mean(-1, keepdim=True)) / std
+    return ln_l2_grad(z, weight * weight, (bias - target) * weight)[0]
+
+
+def ln_l2_grad(z: torch.Tensor, w2: torch.Tensor, c: torch.Tensor) -> tuple:
+    """`layer_norm_l2_grad` with its z-independent parts given: w2 = weight^2, c = (bias - target) * weight.
+    Returns (the gradient, rstd, z_hat, g0): also the LN's 1/std, normalized z and d loss / d z_hat."""
+    z = z - z.mean(-1, keepdim=True)
+    rstd = torch.rsqrt(z.square().mean(-1, keepdim=True) + LN_EPS)
+    z_hat = z * rstd
+    g0 = torch.addcmul(c, w2, z_hat)  # d loss / d z_hat = (weight * z_hat + bias - target) * weight
+    g = (g0 - g0.mean(-1, keepdim=True) - z_hat * (g0 * z_hat).mean(-1, keepdim=True)) * rstd
+    return g, rstd, z_hat, g0
 
 
 def n_layers(params: Params) -> int:
