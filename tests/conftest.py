@@ -37,6 +37,29 @@ def _isolated_paths(tmp_path_factory):
     torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: intra-op threads only add synchronisation (very slow on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def float64_one_thread(one_thread):
+    """float64 for exact comparisons (fast path against its reference), on one thread."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(dtype)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest absolute error relative to the largest entry of the reference b."""
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not (DATA_DIR / "pile-mini" / "train.jsonl.zst").is_file():

@@ -18,14 +18,11 @@ from ttt_bench.kernels.ttt_decode import reference as decode_reference  # noqa: 
 from ttt_bench.kernels.ttt_decode import ttt_linear_decode  # noqa: E402
 from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
 
+from tests.conftest import rel_err  # noqa: E402
 from ttt_bench.models.ttt import forms  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative to the largest entry: float32 with reductions over a few hundred terms
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def dual_inputs(B=2, H=2, N=3, b=16, f=16, seed=0):

@@ -10,15 +10,7 @@ from ttt_bench.models.linear_attention import LinearAttention, LinearAttentionBl
 from ttt_bench.models.lm import LanguageModel
 from ttt_bench.models.ttt import TTTLayer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def float64_single_thread():
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64_one_thread")
 
 
 def test_katharopoulos_matches_formula():

@@ -13,14 +13,7 @@ from ttt_bench.errors import UserError
 from ttt_bench.models import LanguageModel
 from ttt_bench.models.mamba import Mamba, MambaBlock, block
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (very slow on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _lm(d_model=32, n_layers=2, vocab=61, **kw):

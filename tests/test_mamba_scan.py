@@ -9,13 +9,7 @@ from ttt_bench.models.mamba.scan_ref import selective_scan_ref
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation (very slow on a busy 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _inputs(b, l, d, n, seed, delta_scale=0.5, dtype=torch.float64):

@@ -9,25 +9,15 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tests.conftest import rel_err
 from ttt_bench.models.linear_attention import causal_linear_attention
 from ttt_bench.models.ttt import TTTLayer, ttt_linear_dual
 from ttt_bench.models.ttt.learner import nadaraya_watson
 from ttt_bench.models.ttt.reference import naive_ttt
 
-
-@pytest.fixture(autouse=True, scope="module")
-def float64_single_thread():
-    """float64 for exact comparisons; one thread: small ops on a shared 2-core machine run far faster."""
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64_one_thread")
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
 def perturb(module: torch.nn.Module, std: float = 0.1) -> None:
@@ -118,6 +108,10 @@ def test_ttt_linear_dual_signature_and_shapes():
     assert Z.shape == (B, H, N, b, f) and W_last.shape == W.shape and b_last.shape == bias.shape
     Z2, W2, _ = ttt_linear_dual(XQ, XK, XV, eta, W, bias, None, None)  # plain linear learner
     assert Z2.shape == Z.shape and not torch.allclose(Z, Z2)
+    with torch.no_grad():  # inference computes Z mini-batch by mini-batch: the same numbers
+        for ln, ref in ((torch.ones(H, 1, f), (Z, W_last, b_last)), (None, (Z2, W2, _))):
+            out = ttt_linear_dual(XQ, XK, XV, eta, W, bias, ln, None if ln is None else torch.zeros(H, 1, f))
+            assert all(rel_err(a, r) <= 1e-12 for a, r in zip(out, ref, strict=True))
 
 
 def test_gradient_checkpointing_through_time_same_gradients():

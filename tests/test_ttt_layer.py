@@ -13,15 +13,7 @@ from ttt_bench.models.ttt import TTTBlock
 from ttt_bench.models.ttt.convert import from_authors, to_authors
 from ttt_bench.models.ttt.diagnostics import record_inner_losses
 
-
-@pytest.fixture(autouse=True, scope="module")
-def float64_single_thread():
-    dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
-    torch.set_default_dtype(torch.float64)
-    torch.set_num_threads(1)
-    yield
-    torch.set_default_dtype(dtype)
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("float64_one_thread")
 
 
 def tiny_model(n_layers: int = 2, **block) -> LanguageModel:

@@ -159,7 +159,7 @@ def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_eve
         eta = eta.tril()  # the mask: token t only sees s <= t
         A = eta * (XQ @ XK.transpose(-1, -2))  # with the bias: eta * mask(XQ XK^T + 1)
         XK_last = (eta[..., -1:, :].transpose(-1, -2) * XK).transpose(-1, -2)  # eta[b, s] x_s as columns
-        return LinearDualScan.apply(W, XQ, XK, label, A, XK_last, w2)
+        return LinearDualScan.apply(W, XQ, XK, label, A, XK_last, w2, torch.is_grad_enabled())
 
     W = W if b is None else torch.cat([W, b], -2)  # the bias is the row of W for a feature that is always 1
     label, w2 = XV, None
@@ -195,10 +195,17 @@ class LinearDualScan(torch.autograd.Function):
         return g, ln_saved
 
     @staticmethod
-    def forward(ctx, W, XQ, XK, label, A, XK_last, w2):
+    def forward(ctx, W, XQ, XK, label, A, XK_last, w2, training: bool):
         N = XK.shape[2]
-        Ws, saved = [], []
         w2s = [None] * N if w2 is None else w2.unbind(2)
+        if not training:  # inference: Zbar_n as we go, a working set of one W instead of N (prefill speed)
+            Zbar = torch.empty_like(label)
+            for n, w in enumerate(w2s):
+                g, _ = LinearDualScan._grad(XK[:, :, n] @ W, label[:, :, n], w)
+                Zbar[:, :, n] = XQ[:, :, n] @ W - A[:, :, n] @ g
+                W = W - XK_last[:, :, n] @ g
+            return Zbar, W
+        Ws, saved = [], []
         for xk, lab, xk_last, w in zip(XK.unbind(2), label.unbind(2), XK_last.unbind(2), w2s, strict=True):
             Ws.append(W)
             g, ln_saved = LinearDualScan._grad(xk @ W, lab, w)
@@ -206,8 +213,7 @@ class LinearDualScan(torch.autograd.Function):
             W = W - xk_last @ g
         Ws = torch.stack(Ws, 2)
         G, *ln_saved = (torch.stack(t, 2) for t in zip(*saved, strict=True))
-        if any(ctx.needs_input_grad):
-            ctx.save_for_backward(XQ, XK, A, XK_last, w2, Ws, G, *ln_saved)
+        ctx.save_for_backward(XQ, XK, A, XK_last, w2, Ws, G, *ln_saved)
         return XQ @ Ws - A @ G, W
 
     @staticmethod
@@ -241,7 +247,7 @@ class LinearDualScan(torch.autograd.Function):
             dW = dW + dWs[:, :, n] + XK[:, :, n].transpose(-1, -2) @ dzk
         stack = lambda grads: torch.stack(grads[::-1], 2) if grads else None
         dXK = stack(dZK) @ Ws.transpose(-1, -2)
-        return dW, dXQ, dXK, stack(dlabel), dA, stack(dXK_last), stack(dw2)
+        return dW, dXQ, dXK, stack(dlabel), dA, stack(dXK_last), stack(dw2), None
 
 
 def losses_step(params: Params, xk, xv, eta, params0: Params, ln=None):
