@@ -8,6 +8,7 @@ import torch
 from hydra.utils import instantiate
 
 from ttt_bench.config import compose
+from ttt_bench.experiments.sweeps import load_sweep
 from ttt_bench.models.lm import LanguageModel
 from ttt_bench.models.ttt import TTTBlock
 from ttt_bench.models.ttt.convert import from_authors, to_authors
@@ -50,32 +51,12 @@ def test_eta_warmup_hook():
     assert block.ttt.eta_scale == 1.0
 
 
-# Table 1 of the paper, row by row, as overrides of the model configs (docs/ttt_layer.md).
-EQUIVALENCE = [
-    "model=ttt_linear",
-    "model.block.backbone=transformer",
-    "model.block.mini_batch_size=${data.seq_len}",
-    "model.block.learnable_w0=false",
-    "model.block.inner_bias=false",
-    "model.block.ln_residual=false",
-    "model.block.learnable_lr=false",
-    "model.block.token_scaling=none",
-    "model.block.rope=false",
-]
-TABLE_1 = {
-    "linear attention": ["model=linear_attention", "model.block.variant=katharopoulos"],
-    "linear attn. improved": ["model=linear_attention", "model.block.variant=improved"],
-    "TTT equivalence": EQUIVALENCE,
-    "+ learnable W0": EQUIVALENCE[:3] + EQUIVALENCE[4:],
-    "+ LN and residual in f": EQUIVALENCE[:3] + EQUIVALENCE[6:],
-    "+ mini-batch TTT": EQUIVALENCE[:2] + ["model.block.learnable_lr=false"],
-    "+ learnable eta": EQUIVALENCE[:2],
-    "+ Mamba backbone": ["model=ttt_linear"],
-}
+TABLE_1 = {run["name"]: run["overrides"] for run in load_sweep("table1")["runs"]}  # conf/sweep/table1.yaml
 
 
 @pytest.mark.parametrize("row", list(TABLE_1))
 def test_table_1_rows_are_configs(row):
+    """Every row of Table 1 is a set of overrides of the model configs that builds a working model."""
     cfg = compose("train", TABLE_1[row] + ["size=xs", "data.seq_len=24"])
     model = instantiate(cfg.model, vocab_size=32)
     assert model(torch.randint(0, 32, (1, 24))).shape == (1, 24, 32)
