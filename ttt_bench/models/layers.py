@@ -11,9 +11,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(var + self.eps)).type_as(x) * self.weight
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # in float32 whatever the dtype of x
+        return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).type_as(x)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
@@ -26,10 +25,60 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=tor
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def rope_freqs(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """The rotations of rotary embeddings as unit complex numbers exp(i p theta^(-2j/d)), [T, head_dim / 2]
+    (complex128)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
+    )
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    return torch.polar(torch.ones_like(angles), angles)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [..., T, head_dim] by the Llama 'rotate half' convention."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class CausalConv1d(nn.Conv1d):
+    """Depthwise temporal convolution over [B, T, C] that only looks back (the parameters of
+    nn.Conv1d(C, C, k, groups=C)). `state`: the last k - 1 inputs of the previous call, [B, k - 1, C].
+
+    Computed as k shifted multiply-adds in the token-major layout (`ShiftConv`), which on CPUs is faster
+    than F.conv1d and its transposes; tests compare it with F.conv1d."""
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=True)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+        k = self.kernel_size[0] - 1
+        x = F.pad(x, (0, 0, k, 0)) if state is None else torch.cat([state, x], dim=1)
+        y = ShiftConv.apply(x, self.weight[:, 0].to(x.dtype), self.bias.to(x.dtype))
+        return y, x[:, x.shape[1] - k :].clone()
+
+
+class ShiftConv(torch.autograd.Function):
+    """y_t = bias + sum_j weight[:, j] * x_{t + j} for x [B, T + k - 1, C] (left-padded), weight [C, k]."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        k, T = weight.shape[1], x.shape[1] - weight.shape[1] + 1
+        y = torch.addcmul(bias, x[:, k - 1 :], weight[:, k - 1])
+        for j in range(k - 1):
+            y.addcmul_(x[:, j : j + T], weight[:, j])
+        ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        k, T = weight.shape[1], dy.shape[1]
+        dx = torch.zeros_like(x)
+        for j in range(k):
+            dx[:, j : j + T].addcmul_(dy, weight[:, j])
+        dweight = torch.stack([(dy * x[:, j : j + T]).sum((0, 1)) for j in range(k)], -1)
+        return dx, dweight, dy.sum((0, 1))
 
 
 class SwiGLU(nn.Module):

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import kernels
-from ..layers import RMSNorm, SwiGLU, rope_cos_sin
+from ..layers import CausalConv1d, RMSNorm, SwiGLU, rope_freqs
 from . import forms, learner
 
 LEARNERS = ("linear", "mlp", "kernel")
@@ -38,24 +38,14 @@ class TTTCache:
     kv: tuple | None = None  # the kernel learner's training set: all keys and values seen
 
 
-class CausalConv1d(nn.Conv1d):
-    """Depthwise temporal convolution over [B, T, C] that only looks back; `state`: the previous inputs."""
-
-    def __init__(self, channels: int, kernel_size: int):
-        super().__init__(channels, channels, kernel_size, groups=channels, bias=True)
-
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
-        x, k = x.transpose(1, 2), self.kernel_size[0] - 1
-        x = F.pad(x, (k, 0)) if state is None else torch.cat([state, x], dim=-1)
-        y = F.conv1d(x, self.weight, self.bias, groups=self.groups)
-        return y.transpose(1, 2), x[..., x.shape[-1] - k :]
-
-
-def apply_rope_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE rotating adjacent pairs (x_2i, x_2i+1), the convention of the authors' JAX (EasyLM) code."""
-    half = x.shape[-1] // 2
-    x1, x2, cos, sin = x[..., 0::2], x[..., 1::2], cos[..., :half], sin[..., :half]
-    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+def apply_rope_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE rotating adjacent pairs (x_2i, x_2i+1), the convention of the authors' JAX (EasyLM) code: each
+    pair is a complex number, multiplied by its rotation in `freqs` (layers.rope_freqs), in float32 or
+    float64."""
+    real = x.to(torch.promote_types(x.dtype, torch.float32))
+    real = real if real.stride(-1) == 1 else real.contiguous()
+    pairs = torch.view_as_complex(real.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * freqs.to(pairs.dtype)).flatten(-2).type_as(x)
 
 
 class TTTLayer(nn.Module):
@@ -261,7 +251,7 @@ class TTTLayer(nn.Module):
             outs.append(z)
         if cache is not None:  # contiguous: decoding steps read W_{t'} as is
             cache.params = tuple(None if p is None else p.contiguous() for p in params)
-        return torch.cat(outs, 2)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 2)  # as it is: no copy of one piece
 
     @torch.no_grad()
     def _record_inner_losses(self, xk, xv, lr) -> None:
@@ -303,8 +293,8 @@ class TTTLayer(nn.Module):
         xq, xk, xv = heads(xq), heads(xk), heads(xv)
         if self.rope:  # positions within the mini-batch
             positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
-            cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, xq.dtype)
-            xq, xk = apply_rope_pairs(xq, cos, sin), apply_rope_pairs(xk, cos, sin)
+            freqs = rope_freqs(positions, self.head_dim, self.rope_theta)
+            xq, xk = apply_rope_pairs(xq, freqs), apply_rope_pairs(xk, freqs)
 
         if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
             if cache is not None:

@@ -43,19 +43,49 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
 
 
 def layer_norm_l2_grad(z: torch.Tensor, target: torch.Tensor, weight, bias) -> torch.Tensor:
-    """Gradient wrt z of 1/2 ||LN(z) - target||^2: LayerNorm's backward fused with the L2 loss."""
-    return ln_l2_grad(z, weight * weight, (bias - target) * weight)[0]
-
-
-def ln_l2_grad(z: torch.Tensor, w2: torch.Tensor, c: torch.Tensor) -> tuple:
-    """`layer_norm_l2_grad` with its z-independent parts given: w2 = weight^2, c = (bias - target) * weight.
-    Returns (the gradient, rstd, z_hat, g0): also the LN's 1/std, normalized z and d loss / d z_hat."""
+    """Gradient wrt z of 1/2 ||LN(z) - target||^2: LayerNorm's backward fused with the L2 loss, written out
+    (differentiable by autograd; `ln_l2_grad` is the fast equivalent)."""
     z = z - z.mean(-1, keepdim=True)
     rstd = torch.rsqrt(z.square().mean(-1, keepdim=True) + LN_EPS)
     z_hat = z * rstd
-    g0 = torch.addcmul(c, w2, z_hat)  # d loss / d z_hat = (weight * z_hat + bias - target) * weight
-    g = (g0 - g0.mean(-1, keepdim=True) - z_hat * (g0 * z_hat).mean(-1, keepdim=True)) * rstd
-    return g, rstd, z_hat, g0
+    g0 = (weight * z_hat + bias - target) * weight  # d loss / d z_hat
+    return (g0 - g0.mean(-1, keepdim=True) - z_hat * (g0 * z_hat).mean(-1, keepdim=True)) * rstd
+
+
+def _ln_backward(dy, z, mean, rstd):
+    """LayerNorm's backward without affine parameters, rstd (dy - mean(dy) - z_hat mean(dy z_hat)): the
+    Jacobian of z -> z_hat, which is symmetric."""
+    return torch.ops.aten.native_layer_norm_backward(
+        dy, z, z.shape[-1:], mean, rstd, None, None, [True, False, False]
+    )[0]
+
+
+def ln_l2_grad(z: torch.Tensor, w2: torch.Tensor | None, c: torch.Tensor) -> torch.Tensor:
+    """`layer_norm_l2_grad` from LayerNorm's own kernels, with its z-independent parts given: w2 = weight^2
+    and c = (bias - target) * weight. Without LN (w2 None) the plain L2 gradient z - c."""
+    if w2 is None:
+        return z - c
+    z_hat, mean, rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
+    return _ln_backward(torch.addcmul(c, w2, z_hat), z, mean, rstd)  # g0 = d loss / d z_hat
+
+
+def ln_l2_grad_backward(z, w2, c, g, dg) -> tuple:
+    """The gradients of <dg, ln_l2_grad(z, w2, c)> wrt z and c, and the elementwise terms dc * z_hat of the
+    gradient wrt w2 (summed by the caller).
+
+    With J the LN Jacobian (`_ln_backward`), g = J g0 and g0 = c + w2 z_hat, so dc = J dg and
+    dz = J (w2 dc - rstd/f (<z_hat, g0> dg + <dg, z_hat> g0)) - rstd/f <dg, g> z_hat: the first term
+    through g0, the others through J's own dependence on z."""
+    if w2 is None:
+        return dg, -dg, None
+    z_hat, mean, rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
+    g0 = torch.addcmul(c, w2, z_hat)
+    dc = _ln_backward(dg, z, mean, rstd)
+    s = rstd / z.shape[-1]
+    dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1).mul_(s)  # rstd/f <a, b> per token
+    v = (w2 * dc).addcmul_(dot(z_hat, g0), dg, value=-1).addcmul_(dot(dg, z_hat), g0, value=-1)
+    dz = _ln_backward(v, z, mean, rstd).addcmul_(dot(dg, g), z_hat, value=-1)
+    return dz, dc, dc * z_hat
 
 
 def n_layers(params: Params) -> int:
