@@ -193,6 +193,6 @@ class TTTLinearDual(torch.autograd.Function):
 
 
 def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, precision: str = "ieee"):
-    """Drop-in for `ttt_bench.models.ttt.forms.ttt_linear_dual` (same shapes and outputs) on the kernel's
+    """Drop-in for `ttt_bench.models.ttt.dual_scan.ttt_linear_dual` (same shapes and outputs) on the kernel's
     domain (`supported`). precision: "ieee" (exact float32 matmuls) or "tf32" (tensor cores, ~1e-3)."""
     return TTTLinearDual.apply(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, precision)

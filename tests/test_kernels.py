@@ -19,7 +19,7 @@ from ttt_bench.kernels.ttt_decode import ttt_linear_decode  # noqa: E402
 from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
 
 from tests.conftest import rel_err  # noqa: E402
-from ttt_bench.models.ttt import forms  # noqa: E402
+from ttt_bench.models.ttt import dual_scan, forms  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative to the largest entry: float32 with reductions over a few hundred terms
@@ -40,7 +40,7 @@ NAMES = ("XQ", "XK", "XV", "eta", "W", "b", "ln_weight", "ln_bias")
 def test_dual_forward_matches_pytorch():
     inputs = dual_inputs()
     with torch.no_grad():  # the inference path: no per-mini-batch weights kept
-        ours, ref = ttt_linear_dual(*inputs), forms.ttt_linear_dual(*inputs)
+        ours, ref = ttt_linear_dual(*inputs), dual_scan.ttt_linear_dual(*inputs)
     for name, a, b in zip(("Z", "W_last", "b_last"), ours, ref, strict=True):
         assert a.shape == b.shape and rel_err(a, b) < TOL, name
 
@@ -53,7 +53,7 @@ def test_dual_gradients_match_pytorch(with_state_grads):
     g = torch.Generator().manual_seed(2)
     cot = None
     grads = []
-    for fn in (ttt_linear_dual, forms.ttt_linear_dual):
+    for fn in (ttt_linear_dual, dual_scan.ttt_linear_dual):
         Z, W_last, b_last = fn(*inputs)
         cot = cot or [torch.randn(t.shape, generator=g).to(DEVICE) for t in (Z, W_last, b_last)]
         loss = (Z * cot[0]).sum()
@@ -68,7 +68,7 @@ def test_dual_larger_head_dim():
     """f=32, b=16: non-square tiles in every matmul."""
     inputs = [t.requires_grad_() for t in dual_inputs(B=1, H=1, N=2, f=32, seed=3)]
     grads = [torch.autograd.grad(fn(*inputs)[0].square().sum(), inputs)
-             for fn in (ttt_linear_dual, forms.ttt_linear_dual)]
+             for fn in (ttt_linear_dual, dual_scan.ttt_linear_dual)]
     for name, a, b in zip(NAMES, *grads, strict=True):
         assert rel_err(a, b) < TOL, name
 
@@ -101,7 +101,7 @@ def test_decode_token_by_token_equals_dual_mini_batch():
     lr = (0.1 * torch.rand(B, H, b, generator=g)).to(DEVICE)
     te = 1.0 / torch.arange(1, b + 1, device=DEVICE)
     eta = (te[:, None] * lr[..., None, :]).unsqueeze(2)  # eta[t, s] = te[t] lr[s], [B, H, 1, b, b]
-    Z, W_last, b_last = forms.ttt_linear_dual(XQ, XK, XV, eta, W, bias, lnw, lnb)
+    Z, W_last, b_last = dual_scan.ttt_linear_dual(XQ, XK, XV, eta, W, bias, lnw, lnb)
     sw, sb = torch.zeros_like(W), torch.zeros_like(bias)
     for t in range(b):
         q, k, v, z_ref = (x[:, :, 0, t : t + 1] for x in (XQ, XK, XV, Z))

@@ -41,16 +41,25 @@ def sync(device: torch.device) -> None:
 
 def time_calls(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
     """Median wall time of fn() in seconds over `repeats` calls after `warmup` calls, device synced."""
+    return time_interleaved({"fn": fn}, device, warmup, repeats)["fn"]
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int, repeats: int):
+    """{name: median wall time of fns[name]() in seconds}: `warmup` untimed rounds, then `repeats` rounds
+    that call every function once in turn, so that a slow spell of a noisy machine hits all of them alike
+    and their ratios stay fair. The device is synced around every timed call."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            sync(device)
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _rss_bytes() -> int:

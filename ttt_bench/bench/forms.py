@@ -36,7 +36,7 @@ def _layer_case(args, form, device, dtype):
 
 def _core_case(args, impl, device, dtype):
     from ttt_bench.kernels import ttt_linear_dual as triton_dual
-    from ttt_bench.models.ttt import forms
+    from ttt_bench.models.ttt import dual_scan, forms
 
     H, b = args.n_heads, args.mini_batch_size
     f, B, N = args.d_model // H, args.tokens // args.seq_len, args.seq_len // b
@@ -44,7 +44,7 @@ def _core_case(args, impl, device, dtype):
     eta = (0.01 * torch.rand(B, H, N, b, b, device=device, dtype=dtype)).requires_grad_()
     inputs = (r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta,
               r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
-    fn = {"dual": forms.ttt_linear_dual, "triton": triton_dual,
+    fn = {"dual": dual_scan.ttt_linear_dual, "triton": triton_dual,
           "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:])}[impl]
     return lambda: fn(*inputs)[0].sum().backward()
 
@@ -61,14 +61,18 @@ def run(args) -> pd.DataFrame:
         impls = ["primal", "dual"]
         if scope == "core" and use_triton(torch.empty(0, device=device)):
             impls.append("triton")
+        fns, mem = {}, {}
         for impl in impls:
-            fn = (_layer_case if scope == "layer" else _core_case)(args, impl, device, dtype)
-            with common.peak_memory(device) as mem:
-                seconds = common.time_calls(fn, device, args.warmup, args.repeats)
+            fns[impl] = (_layer_case if scope == "layer" else _core_case)(args, impl, device, dtype)
+            with common.peak_memory(device) as m:  # untimed: memory, and a first warm-up
+                fns[impl]()
+            mem[impl] = m["mb"]
+        seconds = common.time_interleaved(fns, device, args.warmup, args.repeats)  # round-robin
+        for impl in impls:
             rows.append(dict(scope=scope, impl=impl, tokens=args.tokens, seq_len=args.seq_len,
                              d_model=args.d_model, n_heads=args.n_heads, mini_batch_size=args.mini_batch_size,
-                             ms_fwd_bwd=1e3 * seconds, tokens_per_s=args.tokens / seconds,
-                             peak_mem_mb=mem["mb"], device=str(device), dtype=args.dtype,
+                             ms_fwd_bwd=1e3 * seconds[impl], tokens_per_s=args.tokens / seconds[impl],
+                             peak_mem_mb=mem[impl], device=str(device), dtype=args.dtype,
                              threads=args.threads))
     df = pd.DataFrame(rows)
     for impl in ("primal", "dual"):

@@ -9,7 +9,8 @@ for language models built from their configs (Figures 3, 15 and 20 of the paper)
            measured at the start of the run (common.matmul_tflops)
 
 tokens_per_s counts every sequence of the batch. A model whose config does not exist is skipped with a note;
-a context that runs out of memory ends that model's sweep with a note.
+a context that runs out of memory ends that model's sweep with a note. Every comparison is measured
+round-robin: each repeat times every model once in turn (common.time_interleaved).
 """
 
 import argparse
@@ -79,23 +80,42 @@ def _is_oom(e: BaseException) -> bool:
 
 
 class Bench:
-    def __init__(self, args, name: str, device: torch.device):
-        self.args, self.name, self.device = args, name, device
+    """The measurements of every model at one setting, round-robin (common.time_interleaved), so that the
+    ratios between models are fair on a noisy machine; peak memory comes from one more, untimed call."""
+
+    def __init__(self, args, names: list[str], device: torch.device):
+        self.args, self.names, self.device = args, names, device
         self.dtype = common.DTYPES[args.dtype]
         self.size = {k: getattr(args, k) for k in SIZE_KEYS}
         self.rows: list[dict] = []
 
-    def cfg(self, seq_len: int):
-        return common.model_cfg(self.name, self.args.size, self.size, seq_len, self.args.set)
+    def cfg(self, name: str, seq_len: int):
+        return common.model_cfg(name, self.args.size, self.size, seq_len, self.args.set)
 
-    def model(self, seq_len: int):
-        return common.build_model(self.cfg(seq_len), self.args.vocab_size, self.device, self.dtype)
+    def model(self, name: str, seq_len: int):
+        return common.build_model(self.cfg(name, seq_len), self.args.vocab_size, self.device, self.dtype)
 
     def ids(self, batch: int, length: int) -> torch.Tensor:
         return torch.randint(0, self.args.vocab_size, (batch, length), device=self.device)
 
-    def row(self, model, context, phase, batch, seconds, tokens, per_token_s, mem_mb, **extra) -> None:
-        self.rows.append(dict(model=self.name, context=context, phase=phase, batch=batch,
+    def measure(self, fns: dict, phase: str, context: int, repeats: int) -> dict:
+        """{name: (seconds, peak MB)}; a model that runs out of memory gets a note and leaves `fns`."""
+        for name in list(fns):
+            try:  # the memory pass doubles as a first warm-up
+                with common.peak_memory(self.device) as mem:
+                    fns[name]()
+                fns[name] = (fns[name], mem["mb"])
+            except (RuntimeError, MemoryError) as e:
+                if not _is_oom(e):
+                    raise
+                self.rows.append(dict(model=name, context=context, phase=phase, note="out of memory"))
+                del fns[name]
+        seconds = common.time_interleaved({k: f for k, (f, _) in fns.items()}, self.device,
+                                          self.args.warmup, repeats)
+        return {k: (seconds[k], fns[k][1]) for k in fns}
+
+    def row(self, model, name, context, phase, batch, seconds, tokens, per_token_s, mem_mb, **extra) -> None:
+        self.rows.append(dict(model=name, context=context, phase=phase, batch=batch,
                               latency_ms_per_token=1e3 * per_token_s, tokens_per_s=tokens / seconds,
                               ms_per_call=1e3 * seconds, peak_mem_mb=mem_mb, params=model.num_params(),
                               d_model=model.d_model, n_layers=len(model.blocks), **extra))
@@ -103,59 +123,47 @@ class Bench:
     @torch.inference_mode()
     def latency(self, contexts: list[int], phases: set[str]) -> None:
         a = self.args
-        model = self.model(max(contexts)).eval()
+        models = {name: self.model(name, max(contexts)).eval() for name in self.names}
         for T in contexts:
-            try:
-                if "prefill" in phases:
-                    prompt = self.ids(a.batch, T)
-                    prefill = lambda p=prompt: model(p, model.init_caches(a.batch))
-                    with common.peak_memory(self.device) as mem:
-                        seconds = common.time_calls(prefill, self.device, a.warmup, a.repeats)
-                    self.row(model, T, "prefill", a.batch, seconds, a.batch * T, seconds / T, mem["mb"])
-                if "decode" in phases:
-                    self.decode(model, T)
-            except (RuntimeError, MemoryError) as e:
-                if not _is_oom(e):
-                    raise
-                self.rows.append(dict(model=self.name, context=T, phase="prefill", note="out of memory"))
-                return
+            if "prefill" in phases:
+                prompt = self.ids(a.batch, T)
+                fns = {n: (lambda m=m: m(prompt, m.init_caches(a.batch))) for n, m in models.items()}
+                for n, (sec, mb) in self.measure(fns, "prefill", T, a.repeats).items():
+                    self.row(models[n], n, T, "prefill", a.batch, sec, a.batch * T, sec / T, mb)
+            if "decode" in phases:  # prefill T tokens of decode_batch sequences, then single-token steps
+                fns = {}
+                for n, m in models.items():
+                    caches = m.init_caches(a.decode_batch)
+                    m(self.ids(a.decode_batch, T), caches)
+                    tokens = iter(self.ids(a.decode_batch, 2 * a.warmup + a.decode_tokens + 1).split(1, 1))
+                    fns[n] = lambda m=m, c=caches, t=tokens: m(next(t), c)
+                for n, (sec, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
+                    self.row(models[n], n, T, "decode", a.decode_batch, sec, a.decode_batch, sec, mb)
+            models = {n: m for n, m in models.items() if not self._out_of_memory(n)}
 
-    def decode(self, model, T: int) -> None:
-        """Prefill T tokens of each of decode_batch sequences, then time single-token steps."""
-        a = self.args
-        caches = model.init_caches(a.decode_batch)
-        model(self.ids(a.decode_batch, T), caches)
-        tokens = iter(self.ids(a.decode_batch, a.warmup + a.decode_tokens).split(1, dim=1))
-        step = lambda: model(next(tokens), caches)
-        with common.peak_memory(self.device) as mem:
-            seconds = common.time_calls(step, self.device, a.warmup, a.decode_tokens)
-        self.row(model, T, "decode", a.decode_batch, seconds, a.decode_batch, seconds, mem["mb"])
+    def _out_of_memory(self, name: str) -> bool:
+        return any(r["model"] == name and r.get("note") == "out of memory" for r in self.rows)
 
     def train(self, ceiling_tflops: float) -> None:
         a = self.args
         T, batch = a.train_context, max(1, a.tokens_per_step // a.train_context)
-        model = self.model(T).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        ids = self.ids(batch, T + 1)
+        models, fns = {}, {}
+        for name in self.names:
+            model = models[name] = self.model(name, T).train()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            ids = self.ids(batch, T + 1)
 
-        def step():
-            opt.zero_grad(set_to_none=True)
-            logits = model(ids[:, :-1])
-            F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
-            opt.step()
+            def step(model=model, opt=opt, ids=ids):
+                opt.zero_grad(set_to_none=True)
+                logits = model(ids[:, :-1])
+                F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+                opt.step()
 
-        try:
-            with common.peak_memory(self.device) as mem:
-                seconds = common.time_calls(step, self.device, a.warmup, a.repeats)
-        except (RuntimeError, MemoryError) as e:
-            if not _is_oom(e):
-                raise
-            self.rows.append(dict(model=self.name, context=T, phase="train", note="out of memory"))
-            return
-        tflops = flops.train_flops(self.cfg(T), a.vocab_size, batch * T) / seconds / 1e12
-        self.row(model, T, "train", batch, seconds, batch * T, seconds / (batch * T), mem["mb"],
-                 model_tflops_per_s=tflops,
-                 mfu=tflops / ceiling_tflops)
+            fns[name] = step
+        for n, (sec, mb) in self.measure(fns, "train", T, a.repeats).items():
+            tflops = flops.train_flops(self.cfg(n, T), a.vocab_size, batch * T) / sec / 1e12
+            self.row(models[n], n, T, "train", batch, sec, batch * T, sec / (batch * T), mb,
+                     model_tflops_per_s=tflops, mfu=tflops / ceiling_tflops)
 
 
 def run(args) -> pd.DataFrame:
@@ -168,20 +176,19 @@ def run(args) -> pd.DataFrame:
         raise ValueError(f"unknown phases {sorted(unknown)}; use prefill, decode, train")
     contexts = parse_contexts(args.contexts)
     ceiling = common.matmul_tflops(device, common.DTYPES[args.dtype])
-    rows = []
-    for name in args.models.split(","):
-        if not common.model_config_exists(name):
-            rows.append(dict(model=name, note=f"skipped: conf/model/{name}.yaml does not exist"))
-            continue
-        bench = Bench(args, name, device)
+    names = args.models.split(",")
+    rows = [dict(model=n, note=f"skipped: conf/model/{n}.yaml does not exist")
+            for n in names if not common.model_config_exists(n)]
+    bench = Bench(args, [n for n in names if common.model_config_exists(n)], device)
+    start = time.perf_counter()
+    if phases & {"prefill", "decode"}:
+        bench.latency(contexts, phases)
+        print(f"[bench] prefill/decode: {time.perf_counter() - start:.0f} s", flush=True)
+    if "train" in phases:
         start = time.perf_counter()
-        if phases & {"prefill", "decode"}:
-            bench.latency(contexts, phases)
-        if "train" in phases:
-            bench.train(ceiling)
-        rows += bench.rows
-        print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", flush=True)
-    df = pd.DataFrame(rows).reindex(columns=COLUMNS)
+        bench.train(ceiling)
+        print(f"[bench] train: {time.perf_counter() - start:.0f} s", flush=True)
+    df = pd.DataFrame(rows + bench.rows).reindex(columns=COLUMNS)
     df["matmul_tflops"], df["device"], df["dtype"] = ceiling, str(device), args.dtype
     df["threads"], df["repeats"] = args.threads, args.repeats
     return df

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from ..models.ttt import forms, learner
-from ..models.ttt.forms import ttt_linear_dual
+from ..models.ttt.dual_scan import ttt_linear_dual
 
 
 def table1(registry: pd.DataFrame) -> tuple[pd.DataFrame, str]:

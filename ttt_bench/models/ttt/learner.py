@@ -37,6 +37,15 @@ def gelu_grad(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1 + tanh) + 0.5 * x * (1 - tanh**2) * c * (1 + 3 * 0.044715 * x**2)
 
 
+def gelu_grad2(x: torch.Tensor) -> torch.Tensor:
+    """d^2 gelu(x) / dx^2 (the TTT-MLP dual form's backward needs it): with t = tanh(u),
+    u = c (x + 0.044715 x^3), it is (1 - t^2) (u' - x t u'^2 + x u'' / 2)."""
+    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    tanh = torch.tanh(c * (x + a * x**3))
+    du = c * (1 + 3 * a * x**2)
+    return (1 - tanh**2) * (du - x * tanh * du**2 + 3 * a * c * x**2)
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """LayerNorm over the last axis with per-head weight and bias [H, 1, f]."""
     return torch.addcmul(bias, weight, F.layer_norm(x, x.shape[-1:], eps=LN_EPS))
