@@ -19,7 +19,7 @@ from ttt_bench.kernels.ttt_decode import ttt_linear_decode  # noqa: E402
 from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
 
 from tests.conftest import rel_err  # noqa: E402
-from ttt_bench.models.ttt import dual_scan, forms  # noqa: E402
+from ttt_bench.models.ttt import dual_scan  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative to the largest entry: float32 with reductions over a few hundred terms

@@ -5,12 +5,14 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from tests.conftest import rel_err
 from ttt_bench.config import compose
 from ttt_bench.experiments.sweeps import load_sweep
 from ttt_bench.models.lm import LanguageModel
-from ttt_bench.models.ttt import TTTBlock
+from ttt_bench.models.ttt import TTTBlock, learner
 from ttt_bench.models.ttt.convert import from_authors, to_authors
 from ttt_bench.models.ttt.diagnostics import record_inner_losses
 
@@ -129,3 +131,11 @@ def test_triton_kernels_in_the_layer_match_torch(monkeypatch, decode):
     grads = [torch.autograd.grad(z.square().sum(), list(layer.parameters())) for z, layer in zip(zs, layers)]
     for u, v in zip(*grads, strict=True):  # float32, relative to the largest entry
         assert (v - u).abs().max() <= 1e-4 * u.abs().max()
+
+
+def test_learner_gelu_is_the_tanh_approximation_and_its_derivatives():
+    x = torch.linspace(-8, 8, 2001, dtype=torch.float64, requires_grad=True)
+    assert rel_err(learner.gelu(x), F.gelu(x, approximate="tanh")) <= 1e-14
+    (d1,) = torch.autograd.grad(learner.gelu(x).sum(), x, create_graph=True)
+    (d2,) = torch.autograd.grad(d1.sum(), x)
+    assert rel_err(learner.gelu_grad(x), d1) <= 1e-13 and rel_err(learner.gelu_grad2(x), d2) <= 1e-12

@@ -127,7 +127,7 @@ class Bench:
         for T in contexts:
             if "prefill" in phases:
                 prompt = self.ids(a.batch, T)
-                fns = {n: (lambda m=m: m(prompt, m.init_caches(a.batch))) for n, m in models.items()}
+                fns = {n: (lambda m=m, p=prompt: m(p, m.init_caches(a.batch))) for n, m in models.items()}
                 for n, (sec, mb) in self.measure(fns, "prefill", T, a.repeats).items():
                     self.row(models[n], n, T, "prefill", a.batch, sec, a.batch * T, sec / T, mb)
             if "decode" in phases:  # prefill T tokens of decode_batch sequences, then single-token steps

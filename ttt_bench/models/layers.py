@@ -11,8 +11,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # in float32 whatever the dtype of x
-        return F.rms_norm(x.float(), x.shape[-1:], self.weight.float(), self.eps).type_as(x)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # in float32 at least, whatever the dtype of x
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        return F.rms_norm(x.to(dtype), x.shape[-1:], self.weight.to(dtype), self.eps).type_as(x)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
@@ -74,10 +75,13 @@ class ShiftConv(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         k, T = weight.shape[1], dy.shape[1]
-        dx = torch.zeros_like(x)
-        for j in range(k):
+        dx = torch.empty_like(x)
+        torch.mul(dy, weight[:, 0], out=dx[:, :T])
+        dx[:, T:].zero_()
+        for j in range(1, k):
             dx[:, j : j + T].addcmul_(dy, weight[:, j])
-        dweight = torch.stack([(dy * x[:, j : j + T]).sum((0, 1)) for j in range(k)], -1)
+        # sum over (B, T) of dy * x shifted, without a [B, T, C] temporary per tap
+        dweight = torch.stack([torch.linalg.vecdot(dy, x[:, j : j + T], dim=1).sum(0) for j in range(k)], -1)
         return dx, dweight, dy.sum((0, 1))
 
 

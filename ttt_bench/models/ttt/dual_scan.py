@@ -43,7 +43,8 @@ def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_eve
     """
     f = XQ.shape[-1]
     W = W if b is None else torch.cat([W, b], -2)
-    Z, (W,) = _dual(LinearDualScan, (W,), XQ, XK, XV, eta, b is not None, ln_weight, ln_bias, checkpoint_every)
+    bias = b is not None
+    Z, (W,) = _dual(LinearDualScan, (W,), XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every)
     return (Z, W, None) if b is None else (Z, W[..., :f, :], W[..., f:, :])
 
 
@@ -195,7 +196,7 @@ class MLPDualScan(DualScan):
 
     @staticmethod
     def update(weights, state, xq, xk, label, a1, xk_last, E, w2):
-        (W1, W2, b2), (z1, x2, z2, g2, h, g1, *_) = weights, state
+        (W1, W2, b2), (_, x2, _, g2, _, g1, *_) = weights, state
         eg2 = E[..., -1:, :].transpose(-1, -2) * g2  # diag(e) G2
         return (
             W1 - xk_last @ g1,

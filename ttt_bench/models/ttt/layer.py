@@ -227,11 +227,13 @@ class TTTLayer(nn.Module):
             split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
             eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
             XQ, XK, XV = split(xq), split(xk), split(xv)
-            if self.form == "dual" and self._triton(XQ) and kernels.dual_supported(XQ, params[1], ln and ln[0]):
+            triton = self._triton(XQ) and kernels.dual_supported(XQ, params[1], ln and ln[0])
+            if self.form == "dual" and triton:
                 Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln)
             elif self.form == "dual":  # the fast dual scans (dual_scan.py)
                 fast = dual_scan.ttt_linear_dual if self.learner == "linear" else dual_scan.ttt_mlp_dual
-                Z, *params = fast(XQ, XK, XV, eta, *params, *(ln or (None, None)), checkpoint_every=self.checkpoint_every)
+                ln_args = ln or (None, None)
+                Z, *params = fast(XQ, XK, XV, eta, *params, *ln_args, checkpoint_every=self.checkpoint_every)
             else:
                 Z, params = forms.ttt_scan(self.form, params, XQ, XK, XV, eta, ln, self.checkpoint_every)
             outs.append(Z.reshape(B, H, N * b, f))

@@ -1,0 +1,55 @@
+"""Shared building blocks against their PyTorch references: the shift-and-add causal conv vs F.conv1d, the
+complex-number RoPE of the TTT layer vs the rotation written out, RMSNorm vs its formula (float64)."""
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import rel_err
+from ttt_bench.models.layers import CausalConv1d, RMSNorm, rope_cos_sin, rope_freqs
+from ttt_bench.models.ttt.layer import apply_rope_pairs
+
+pytestmark = pytest.mark.usefixtures("float64_one_thread")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_causal_conv_equals_conv1d_in_one_call_and_in_pieces(seed):
+    rng = random.Random(seed)
+    for _ in range(5):
+        B, T, C, k = rng.randint(1, 3), rng.randint(1, 24), rng.randint(1, 6), rng.randint(1, 5)
+        torch.manual_seed(rng.randint(0, 10**6))
+        conv = CausalConv1d(C, k)
+        x = torch.randn(B, T, C, requires_grad=True)
+        ref = F.conv1d(F.pad(x.transpose(1, 2), (k - 1, 0)), conv.weight, conv.bias, groups=C).transpose(1, 2)
+        y, _ = conv(x)
+        assert rel_err(y, ref) <= 1e-12
+        dy = torch.randn_like(y)
+        for a, b in zip(torch.autograd.grad(y, [x, conv.weight, conv.bias], dy),
+                        torch.autograd.grad(ref, [x, conv.weight, conv.bias], dy), strict=True):
+            assert rel_err(a, b) <= 1e-12
+        cut = rng.randint(0, T)  # decoding: the state carries the last k - 1 inputs over
+        y1, state = conv(x[:, :cut])
+        y2, _ = conv(x[:, cut:], state)
+        assert rel_err(torch.cat([y1, y2], 1), ref) <= 1e-12
+
+
+def test_rope_pairs_rotate_adjacent_pairs():
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 3, 8).transpose(1, 2)  # [B, H, T, f], strided as the layer's views are
+    positions = torch.arange(7) % 4
+    cos, sin = rope_cos_sin(positions, 8, 10_000.0, torch.float64)
+    x1, x2, c, s = x[..., 0::2], x[..., 1::2], cos[:, :4], sin[:, :4]
+    ref = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
+    assert rel_err(apply_rope_pairs(x, rope_freqs(positions, 8, 10_000.0)), ref) <= 1e-14
+
+
+def test_rms_norm_formula():
+    torch.manual_seed(0)
+    norm = RMSNorm(16)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(3, 5, 16)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight
+    assert rel_err(norm(x), ref) <= 1e-14
