@@ -11,7 +11,7 @@ from torch.utils._pytree import tree_leaves
 
 from tests.conftest import rel_err
 from ttt_bench.models.linear_attention import causal_linear_attention
-from ttt_bench.models.ttt import TTTLayer, ttt_linear_dual
+from ttt_bench.models.ttt import TTTLayer, dual_scan, ttt_linear_dual, ttt_scan
 from ttt_bench.models.ttt.learner import nadaraya_watson
 from ttt_bench.models.ttt.reference import naive_ttt
 
@@ -97,6 +97,39 @@ def test_dual_equals_naive_per_token_loop(learner, ln_residual, mini_batch_size,
     g_ref = torch.autograd.grad(z_ref.square().sum(), params)
     for a, b in zip(g, g_ref, strict=True):
         assert rel_err(a, b) <= 1e-8
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_dual_scans_equal_the_reference_dual_steps(seed):
+    """dual_scan.py (hand-written backward, segments recomputed) against forms.dual_step over forms.scan
+    (autograd through every op): outputs, final weights and every gradient, random sizes, both learners,
+    with and without biases and LN, across segment boundaries and with checkpointing."""
+    rng = random.Random(seed)
+    for _ in range(3):
+        learner_name, bias, ln = rng.choice(["linear", "mlp"]), rng.random() < 0.7, rng.random() < 0.7
+        B, H, b, f = rng.randint(1, 2), rng.randint(1, 3), rng.randint(1, 5), rng.choice([4, 6])
+        N = rng.choice([rng.randint(1, 5), rng.randint(15, 35)])  # SEGMENT is 16
+        torch.manual_seed(rng.randint(0, 10**6))
+        r = lambda *shape, scale=1.0: (scale * torch.randn(*shape)).requires_grad_()
+        XQ, XK, XV = r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f)
+        eta = ((0.3 if ln else 0.02) * torch.rand(B, H, N, b, b)).requires_grad_()
+        dims = [f, f] if learner_name == "linear" else [f, 4 * f, f]
+        params = []
+        for k in range(len(dims) - 1):
+            W = r(B, H, dims[k], dims[k + 1], scale=0.3)
+            params += [W, r(B, H, 1, dims[k + 1], scale=0.3) if bias else None]
+        lnw, lnb = (r(H, 1, f), r(H, 1, f)) if ln else (None, None)
+        fast = dual_scan.ttt_linear_dual if learner_name == "linear" else dual_scan.ttt_mlp_dual
+        Z, *last = fast(XQ, XK, XV, eta, *params, lnw, lnb, checkpoint_every=rng.choice([0, 0, 3]))
+        Z_ref, last_ref = ttt_scan("dual", tuple(params), XQ, XK, XV, eta, (lnw, lnb) if ln else None)
+        assert rel_err(Z, Z_ref) <= 1e-10
+        for a, c in zip(last, last_ref, strict=True):
+            assert (a is None and c is None) or rel_err(a, c) <= 1e-10
+        inputs = [t for t in (XQ, XK, XV, eta, *params, lnw, lnb) if t is not None]
+        loss = lambda z, ws: z.sin().sum() + sum((w**2).sum() for w in ws if w is not None)
+        for a, c in zip(torch.autograd.grad(loss(Z, last), inputs),
+                        torch.autograd.grad(loss(Z_ref, last_ref), inputs), strict=True):
+            assert rel_err(a, c) <= 1e-8, (learner_name, bias, ln, N)
 
 
 def test_ttt_linear_dual_signature_and_shapes():

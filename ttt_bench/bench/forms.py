@@ -2,7 +2,7 @@
 "trains more than 5x faster"), and the fused Triton kernel where it runs (CUDA).
 
 scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
-each form; scope=core times only the inner loop on the same [B, H, N, b, f] inputs.
+each form; scope=core times only the inner loop, on [B, H, N, b, f] inputs laid out as the layer's.
 """
 
 import argparse
@@ -42,7 +42,11 @@ def _core_case(args, impl, device, dtype):
     f, B, N = args.d_model // H, args.tokens // args.seq_len, args.seq_len // b
     r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, device=device, dtype=dtype)).requires_grad_()
     eta = (0.01 * torch.rand(B, H, N, b, b, device=device, dtype=dtype)).requires_grad_()
-    inputs = (r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta,
+
+    def view():  # XQ, XK, XV [B, H, N, b, f] laid out [B, N, b, H, f], as the layer's projections give them
+        return torch.randn(B, N, b, H, f, device=device, dtype=dtype).permute(0, 3, 1, 2, 4).requires_grad_()
+
+    inputs = (view(), view(), view(), eta,
               r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
     fn = {"dual": dual_scan.ttt_linear_dual, "triton": triton_dual,
           "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:])}[impl]
