@@ -59,3 +59,13 @@ def test_bad_arguments_fail_with_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", "models", "--phases", "prefil", *TINY])
     assert e.value.code == 2 and "unknown phases" in capsys.readouterr().err
+
+
+def test_scan_suite_times_every_implementation(tmp_path):
+    out = tmp_path / "scan.csv"
+    main(["bench", "scan", "--batch", "1", "--seqlen", "32", "--ref-seqlen", "16", "--d-model", "8",
+          "--warmup", "0", "--repeats", "1", "--threads", "1", "--out", str(out)])
+    df = pd.read_csv(out)
+    expected = [("chunked", 32), ("mambapy_pscan", 16), ("mambapy_pscan", 32), ("sequential_ref", 16)]
+    assert sorted(zip(df.impl, df.seqlen, strict=True)) == expected
+    assert (df.median_ms > 0).all() and (df[df.impl == "mambapy_pscan"].speedup_vs_mambapy == 1).all()

@@ -6,8 +6,6 @@ each including softplus(delta + bias), the D skip and the silu(z) gate, gradient
 """
 
 import argparse
-import statistics
-import time
 
 import pandas as pd
 import torch
@@ -15,6 +13,8 @@ import torch.nn.functional as F
 
 from ttt_bench.models.mamba.scan import selective_scan
 from ttt_bench.models.mamba.scan_ref import selective_scan_ref
+
+from . import common
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,16 +46,16 @@ def _inputs(batch, seqlen, d_inner, d_state, generator):
                 delta_bias=torch.full((d_inner,), -3.0))
 
 
-def _time_ms(fn, inputs, warmup, repeats) -> float:
+def _fwd_bwd(fn, inputs):
+    """A call of fn forward and backward, gradients to every input."""
     leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
-    times = []
-    for _ in range(warmup + repeats):
-        start = time.perf_counter()
+
+    def call():
         fn(**leaves).sum().backward()
-        times.append((time.perf_counter() - start) * 1e3)
         for v in leaves.values():
             v.grad = None
-    return statistics.median(times[warmup:])
+
+    return call
 
 
 def run(args) -> pd.DataFrame:
@@ -70,11 +70,13 @@ def run(args) -> pd.DataFrame:
             cases.insert(0, ("mambapy_pscan", _mambapy_scan, args.ref_seqlen))
         cases.append(("sequential_ref", ref, args.ref_seqlen))
     rows = []
-    for impl, fn, seqlen in cases:
+    for seqlen in dict.fromkeys(seqlen for _, _, seqlen in cases):  # each length's impls round-robin
         inputs = _inputs(args.batch, seqlen, d_inner, args.d_state, g)
-        rows.append(dict(impl=impl, batch=args.batch, seqlen=seqlen, d_model=args.d_model, d_inner=d_inner,
-                         d_state=args.d_state, threads=args.threads,
-                         median_ms=_time_ms(fn, inputs, args.warmup, args.repeats)))
+        fns = {impl: _fwd_bwd(fn, inputs) for impl, fn, n in cases if n == seqlen}
+        seconds = common.time_interleaved(fns, torch.device("cpu"), args.warmup, args.repeats)
+        rows += [dict(impl=impl, batch=args.batch, seqlen=seqlen, d_model=args.d_model, d_inner=d_inner,
+                      d_state=args.d_state, threads=args.threads, median_ms=1e3 * sec)
+                 for impl, sec in seconds.items()]
     df = pd.DataFrame(rows)
     baseline = df[df.impl == "mambapy_pscan"].set_index("seqlen").median_ms
     df["speedup_vs_mambapy"] = df.seqlen.map(baseline) / df.median_ms

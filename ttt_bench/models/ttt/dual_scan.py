@@ -88,28 +88,33 @@ class DualScan(torch.autograd.Function):
     the bias feature); label [N, B, H, b, f]: with LN, (ln_b - (xv - xk)) ln_w, else xv; A [N, B, H, b, b]
     = E * (XQ XK^T); XK_last [N, B, H, d, b] = XK^T diag(e); E [N, B, H, b, b]; w2 [H, 1, f] = ln_w^2
     (None without LN); then the initial weights. A subclass defines `step` (one mini-batch: its output
-    and what its backward needs), `update` (the weights after it) and `step_backward`."""
+    and what its backward needs), `update` (the weights after it), `step_backward`, and which part of a
+    step's state the forward keeps for the backward (`keep`) and how the rest is recomputed (`recompute`).
+    """
 
     @classmethod
     def forward(cls, ctx, XQ, XK, label, A, XK_last, E, w2, training: bool, *weights):
         label_in = label  # as it came: its gradient takes its layout (see backward)
         XQ, XK, label, A, XK_last, E = (t.contiguous() for t in (XQ, XK, label, A, XK_last, E))
         Zbar = torch.empty_like(label)
-        segments = []
+        segments, kept = [], None
         for n in range(XK.shape[0]):
             if training and n % SEGMENT == 0:
                 segments += weights
             inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
             Zbar[n], state = cls.step(weights, *inputs)
+            if training and (keep := cls.keep(state)) is not None:
+                kept = keep.new_empty(XK.shape[:1] + keep.shape) if kept is None else kept
+                kept[n] = keep
             weights = cls.update(weights, state, *inputs)
         if training:
             ctx.n_weights = len(weights)
-            ctx.save_for_backward(XQ, XK, label_in, A, XK_last, E, w2, *segments)
+            ctx.save_for_backward(XQ, XK, label_in, A, XK_last, E, w2, kept, *segments)
         return Zbar, *weights
 
     @classmethod
     def backward(cls, ctx, dZbar, *dweights):
-        XQ, XK, label, A, XK_last, E, w2, *segments = ctx.saved_tensors
+        XQ, XK, label, A, XK_last, E, w2, kept, *segments = ctx.saved_tensors
         k = ctx.n_weights
         dZbar = torch.zeros_like(label) if dZbar is None else dZbar.contiguous()
         dweights = tuple(
@@ -118,14 +123,15 @@ class DualScan(torch.autograd.Function):
         )
         # laid out as the label came in (token-major from the layer): its parameters' sums stay cheap
         dlabel, label = torch.empty_like(label), label.contiguous()
-        grads = [torch.empty_like(t) for t in (XQ, XK, A, XK_last, E)]
+        grads = [torch.empty_like(t) if t is not None else None
+                 for t in (XQ, XK, A, XK_last, E if cls.uses_E else None)]
         dw2 = None if w2 is None else torch.zeros_like(dZbar[0])  # summed over mini-batches, then tokens
         N = XK.shape[0]
         for first in reversed(range(0, N, SEGMENT)):  # recompute the segment's weights and states
             weights, steps = tuple(segments[first // SEGMENT * k :][:k]), []
             for n in range(first, min(first + SEGMENT, N)):
                 inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-                _, state = cls.step(weights, *inputs)
+                state = cls.recompute(weights, None if kept is None else kept[n], *inputs)
                 steps.append((weights, state, inputs))
                 weights = cls.update(weights, state, *inputs)
             for n in reversed(range(first, min(first + SEGMENT, N))):
@@ -134,18 +140,18 @@ class DualScan(torch.autograd.Function):
                     weights, state, inputs, dZbar[n], dweights
                 )
                 for g, d in zip(grads, dinputs, strict=True):
-                    if d is not None:
+                    if g is not None:
                         g[n] = d
                 if dw2 is not None:
                     dw2 += dw2_n
         dXQ, dXK, dA, dXK_last, dE = grads
-        dE = dE if cls.uses_E else None
         dw2 = None if w2 is None else dw2.sum((0, 2)).unsqueeze(1)
         return dXQ, dXK, dlabel, dA, dXK_last, dE, dw2, None, *dweights
 
 
 class LinearDualScan(DualScan):
-    """TTT-Linear: weights (W,), W [B, H, d, f] with the bias as its last row."""
+    """TTT-Linear: weights (W,), W [B, H, d, f] with the bias as its last row. The forward keeps every G
+    (as small as an input), so the backward recomputes only the W's."""
 
     uses_E = False
 
@@ -154,6 +160,14 @@ class LinearDualScan(DualScan):
         (W,) = weights
         g = learner.ln_l2_grad(xk @ W, w2, label)
         return xq @ W - a @ g, g
+
+    @staticmethod
+    def keep(g):
+        return g
+
+    @staticmethod
+    def recompute(weights, g, *inputs):
+        return g
 
     @staticmethod
     def update(weights, g, xq, xk, label, a, xk_last, E, w2):
@@ -173,12 +187,29 @@ class LinearDualScan(DualScan):
 
 
 class MLPDualScan(DualScan):
-    """TTT-MLP: weights (W1, W2, b2), W1 [B, H, d, 4f] with b1 as its last row, b2 possibly None."""
+    """TTT-MLP: weights (W1, W2, b2), W1 [B, H, d, 4f] with b1 as its last row, b2 possibly None. Its
+    states are 4f wide: the forward keeps none, the backward recomputes them a segment at a time."""
 
     uses_E = True
 
     @staticmethod
-    def step(weights, xq, xk, label, a1, xk_last, E, w2):
+    def keep(state):
+        return None
+
+    @staticmethod
+    def recompute(weights, kept, *inputs):
+        return MLPDualScan.states(weights, *inputs)
+
+    @staticmethod
+    def step(weights, *inputs):
+        state = MLPDualScan.states(weights, *inputs)
+        (_, W2, b2), (*_, g2, _, _, _, xbar2, _, a2) = weights, state
+        zbar2 = xbar2 @ W2 - a2 @ g2
+        return zbar2 if b2 is None else zbar2 + b2, state
+
+    @staticmethod
+    def states(weights, xq, xk, label, a1, xk_last, E, w2):
+        """Everything of a mini-batch but its output Zbar2 = Xbar2 W2 + b2 - A2 G2."""
         W1, W2, b2 = weights
         z1 = xk @ W1
         x2 = learner.gelu(z1)
@@ -190,9 +221,7 @@ class MLPDualScan(DualScan):
         xbar2 = learner.gelu(zbar1)
         m2 = xbar2 @ x2.transpose(-1, -2)
         a2 = E * (m2 if b2 is None else m2 + 1)
-        zbar2 = xbar2 @ W2 - a2 @ g2
-        zbar2 = zbar2 if b2 is None else zbar2 + b2
-        return zbar2, (z1, x2, z2, g2, h, g1, zbar1, xbar2, m2, a2)
+        return z1, x2, z2, g2, h, g1, zbar1, xbar2, m2, a2
 
     @staticmethod
     def update(weights, state, xq, xk, label, a1, xk_last, E, w2):
