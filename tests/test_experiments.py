@@ -33,7 +33,11 @@ def test_plans_reference_model_configs_and_match_flops():
         and "model.block.rope_theta=500000" in finetune["overrides"]
     )
     matched = {k: v for k, v in sc.items() if k.endswith("-matched")}
+    assert set(matched) == {f"books-{m}-s-T512-matched" for m in ("transformer", "ttt_linear_m", "ttt_mlp_m")}
     assert len(matched) == 3 and all(abs(v["flops_ratio"] - 1) < 0.1 for v in matched.values())
+    # 4096 tokens per batch: 32 sequences of 128 fill micro-batches of 8, 2 sequences of 2048 one of 2
+    assert "data.micro_batch_size=8" in sc["books-mamba-s-T128"]["overrides"]
+    assert "data.micro_batch_size=2" in sc["books-mamba-s-T2048"]["overrides"]
 
 
 def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monkeypatch):

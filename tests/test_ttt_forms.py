@@ -244,3 +244,14 @@ def test_theorem_2_nadaraya_watson_is_causal_softmax_attention():
     assert rel_err(z, F.scaled_dot_product_attention(q, k, v, is_causal=True)) <= 1e-12
     # the last 4 queries against all 10 keys (decoding with a cache of 6)
     assert rel_err(nadaraya_watson(q[:, :, 6:], k, v, 8**-0.5), z[:, :, 6:]) <= 1e-12
+
+
+def test_ttt_linear_dual_without_outputs_gives_the_same_final_weights():
+    torch.manual_seed(0)
+    B, H, N, b, f = 2, 2, 5, 3, 4
+    XQ, XK, XV = (torch.randn(B, H, N, b, f) for _ in range(3))
+    eta, W, bias = 0.1 * torch.rand(B, H, N, b, b), 0.3 * torch.randn(B, H, f, f), torch.randn(B, H, 1, f)
+    ln = (torch.rand(H, 1, f) + 0.5, torch.randn(H, 1, f))
+    _, W_last, b_last = ttt_linear_dual(XQ, XK, XV, eta, W, bias, *ln)
+    Z, W_only, b_only = ttt_linear_dual(XQ, XK, XV, eta, W, bias, *ln, outputs=False)
+    assert Z is None and torch.equal(W_only, W_last) and torch.equal(b_only, b_last)

@@ -66,11 +66,17 @@ class Report:
         self.make = f"make reproduce PROFILE={profile}{data}"
         self.flags = f" --profile {profile}" + (f" --data-dir {data_dir}" if data_dir else "")
 
-    def add(self, title: str, paper: str, measured: str, holds: str, command: str, wall: float) -> None:
+    def add(self, title: str, paper: str, measured: str, holds: str, command: str, wall: float,
+            registry: pd.DataFrame | None = None) -> None:
+        """`registry`: a sweep's, whose runs' own training wall times are summed too (a sweep resumed
+        after its runs finished takes little time itself)."""
+        trained = ""
+        if registry is not None and "wall_time_s" in registry:
+            trained = f"; its runs trained for {pd.to_numeric(registry['wall_time_s']).sum() / 60:.1f} min"
         self.sections.append(
             f"## {title}\n\n**Paper.** {paper}\n\n**Measured.** {measured}\n\n"
             f"**Does the paper's claim hold at this scale?** {holds}\n\n"
-            f"**Command.** `{command}` (part of `{self.make}`); wall time {wall / 60:.1f} min.\n"
+            f"**Command.** `{command}` (part of `{self.make}`); wall time {wall / 60:.1f} min{trained}.\n"
         )
 
     def write(self, path: Path, total: float) -> None:
@@ -116,6 +122,7 @@ def step_table1(rep: Report, runs: Path, out: Path) -> None:
         "and the last row beats linear attention)",
         f"ttt-bench ablate table1{rep.flags}",
         time.perf_counter() - start,
+        reg,
     )
 
 
@@ -144,6 +151,7 @@ def step_minibatch(rep: Report, runs: Path, out: Path) -> None:
         f"{verdict(bool(faster))} (b=16 faster than b=1)",
         f"ttt-bench ablate minibatch{rep.flags}",
         time.perf_counter() - start,
+        reg,
     )
     # Figure 17 uses the b=1 network of Figure 8
     start = time.perf_counter()
@@ -230,6 +238,7 @@ def step_scaling(rep: Report, runs: Path, out: Path) -> None:
         f"{verdict(all(a < b for a, b in ft) if ft else None)}",
         f"ttt-bench ablate scaling{rep.flags}",
         time.perf_counter() - start,
+        reg,
     )
 
 

@@ -138,7 +138,7 @@ def token_index(reg: pd.DataFrame, sweep_dir: Path, stem: Path, window: int = 8)
 
 def minibatch(reg: pd.DataFrame, timing: pd.DataFrame | None, stem: Path) -> list[Path]:
     df = finished(reg)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"wspace": 0.45})
     labels = df["mini_batch"].astype(str).tolist()
     axes[0].plot(range(len(df)), df["val_ppl"], "o-", color="C0", label="Ours")
     paper = pd.to_numeric(df["paper_ppl"], errors="coerce")

@@ -90,10 +90,19 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
     tokens = lambda scale: f"recipe.total_tokens='${{ttt.mul:${{size.tokens}},{scale:g}}}'"
     runs = {}
 
+    def fit_micro_batch(override: str, T: int) -> str:
+        """A micro-batch of at most the step's sequences: long contexts under a fixed tokens-per-batch
+        have few of them."""
+        key, _, value = override.partition("=")
+        if key != "data.micro_batch_size":
+            return override
+        tokens = [o.split("=")[1] for o in p["overrides"] if o.startswith("recipe.tokens_per_batch=")]
+        return override if not tokens else f"{key}={min(int(value), max(1, int(tokens[0]) // T))}"
+
     def add(role, key, label, size, T, extra=(), suffix=""):
         overrides = [
             *data_overrides(role, data_dir),
-            *p["overrides"],
+            *(fit_micro_batch(o, T) for o in p["overrides"]),
             f"size={size}",
             f"data.seq_len={T}",
             tokens(p["token_scale"]),
@@ -131,7 +140,7 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
             runs[name]["after"] = parent
     # matched training FLOPs (Figures 2 right, 14): the largest size at the longest Books context
     m = sweep["matched"]
-    size, T = p["sizes"][-1], p["books"][-1]
+    size, T = p["sizes"][-1], p.get("matched_context", p["books"][-1])
     ref_name = f"books-{m['reference']}-{size}-T{T}"
     reference, _ = _model_cfg(runs[ref_name]["overrides"])
     for key, by in m["methods"].items():

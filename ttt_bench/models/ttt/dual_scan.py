@@ -31,7 +31,9 @@ SEGMENT = 16
 gelu_backward = torch.ops.aten.gelu_backward  # gelu_backward(d, x) = d * gelu'(x), tanh approximation
 
 
-def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_every: int = 0):
+def ttt_linear_dual(
+    XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_every: int = 0, outputs: bool = True
+):
     """TTT-Linear in dual form over N mini-batches: the functional core.
 
     XQ, XK, XV: [B, H, N, b, f] test, training and label views; eta: [B, H, N, b, b] with
@@ -39,12 +41,13 @@ def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_eve
     b: [B, H, 1, f] (or None) the initial weights; ln_weight, ln_bias: [H, 1, f], or None for the plain
     linear learner f(x) = xW + b without LN and residual.
     Returns Z [B, H, N, b, f] (the layer output before post-norm, with the +XQ residual when LN is on),
-    and W_last, b_last: the weights after the last mini-batch.
+    and W_last, b_last: the weights after the last mini-batch. outputs=False computes only the weights
+    (Z is None; Figure 8 right times the W's alone), without gradients.
     """
     f = XQ.shape[-1]
     W = W if b is None else torch.cat([W, b], -2)
-    bias = b is not None
-    Z, (W,) = _dual(LinearDualScan, (W,), XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every)
+    ln, bias = (ln_weight, ln_bias), b is not None
+    Z, (W,) = _dual(LinearDualScan, (W,), XQ, XK, XV, eta, bias, *ln, checkpoint_every, outputs)
     return (Z, W, None) if b is None else (Z, W[..., :f, :], W[..., f:, :])
 
 
@@ -60,7 +63,7 @@ def ttt_mlp_dual(XQ, XK, XV, eta, W1, b1, W2, b2, ln_weight, ln_bias, *, checkpo
     return Z, W1[..., :f, :], None if b1 is None else W1[..., f:, :], W2, b2
 
 
-def _dual(scan, weights, XQ, XK, XV, eta, bias: bool, ln_weight, ln_bias, checkpoint_every: int):
+def _dual(scan, weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every: int, outputs=True):
     """The parts of the dual form that do not depend on the weights, around `scan` (an autograd Function),
     with gradient checkpointing through time (forms.in_groups)."""
     ln = ln_weight is not None
@@ -74,8 +77,10 @@ def _dual(scan, weights, XQ, XK, XV, eta, bias: bool, ln_weight, ln_bias, checkp
         if bias:  # x -> [x, 1]
             Xq, Xk = (torch.cat([x, torch.ones_like(x[..., :1])], -1) for x in (Xq, Xk))
         E = eta.tril()  # the mask: token t only sees s <= t
-        A = E * (Xq @ Xk.transpose(-1, -2))  # with the bias: E * (XQ XK^T + 1)
         XK_last = (E[..., -1:, :].transpose(-1, -2) * Xk).transpose(-1, -2)  # XK^T diag(e)
+        if not outputs:
+            return None, tuple(scan.final_weights(weights, Xq, Xk, label, XK_last, E, w2))
+        A = E * (Xq @ Xk.transpose(-1, -2))  # with the bias: E * (XQ XK^T + 1)
         Zbar, *weights = scan.apply(Xq, Xk, label, A, XK_last, E, w2, torch.is_grad_enabled(), *weights)
         Z = Zbar.permute(1, 0, 3, 2, 4).contiguous().permute(0, 3, 1, 2, 4)  # [B, H, N, b, f], token-major
         return (XQ + learner.layer_norm(Z, ln_w, ln_b) if ln else Z), tuple(weights)
@@ -87,9 +92,10 @@ class DualScan(torch.autograd.Function):
     """What both learners' scans share. Inputs, mini-batch-major: XQ, XK [N, B, H, b, d] (d = f + 1 with
     the bias feature); label [N, B, H, b, f]: with LN, (ln_b - (xv - xk)) ln_w, else xv; A [N, B, H, b, b]
     = E * (XQ XK^T); XK_last [N, B, H, d, b] = XK^T diag(e); E [N, B, H, b, b]; w2 [H, 1, f] = ln_w^2
-    (None without LN); then the initial weights. A subclass defines `step` (one mini-batch: its output
-    and what its backward needs), `update` (the weights after it), `step_backward`, and which part of a
-    step's state the forward keeps for the backward (`keep`) and how the rest is recomputed (`recompute`).
+    (None without LN); then the initial weights. A subclass defines, for one mini-batch, `state` (what
+    its output, the update and the backward need), `output`, `update` (the weights after it) and
+    `step_backward`; and may keep part of each state from the forward for the backward (`keep`,
+    `recompute`).
     """
 
     @classmethod
@@ -102,7 +108,8 @@ class DualScan(torch.autograd.Function):
             if training and n % SEGMENT == 0:
                 segments += weights
             inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-            Zbar[n], state = cls.step(weights, *inputs)
+            state = cls.state(weights, *inputs)
+            Zbar[n] = cls.output(weights, state, *inputs)
             if training and (keep := cls.keep(state)) is not None:
                 kept = keep.new_empty(XK.shape[:1] + keep.shape) if kept is None else kept
                 kept[n] = keep
@@ -111,6 +118,24 @@ class DualScan(torch.autograd.Function):
             ctx.n_weights = len(weights)
             ctx.save_for_backward(XQ, XK, label_in, A, XK_last, E, w2, kept, *segments)
         return Zbar, *weights
+
+    @staticmethod
+    def keep(state):
+        """What the forward keeps of a mini-batch's state for the backward (None: nothing)."""
+        return None
+
+    @classmethod
+    def recompute(cls, weights, kept, *inputs):
+        """The backward's state of a mini-batch, from its weights and what the forward kept."""
+        return cls.state(weights, *inputs)
+
+    @classmethod
+    def final_weights(cls, weights, XQ, XK, label, XK_last, E, w2):
+        """Only the weights after the last mini-batch: the forward's steps without the outputs (nor A)."""
+        for n in range(XK.shape[0]):
+            inputs = (XQ[n], XK[n], label[n], None, XK_last[n], E[n], w2)
+            weights = cls.update(weights, cls.state(weights, *inputs), *inputs)
+        return weights
 
     @classmethod
     def backward(cls, ctx, dZbar, *dweights):
@@ -156,17 +181,19 @@ class LinearDualScan(DualScan):
     uses_E = False
 
     @staticmethod
-    def step(weights, xq, xk, label, a, xk_last, E, w2):
-        (W,) = weights
-        g = learner.ln_l2_grad(xk @ W, w2, label)
-        return xq @ W - a @ g, g
+    def state(weights, xq, xk, label, a, xk_last, E, w2):
+        return learner.ln_l2_grad(xk @ weights[0], w2, label)  # G
+
+    @staticmethod
+    def output(weights, g, xq, xk, label, a, xk_last, E, w2):
+        return xq @ weights[0] - a @ g
 
     @staticmethod
     def keep(g):
         return g
 
-    @staticmethod
-    def recompute(weights, g, *inputs):
+    @classmethod
+    def recompute(cls, weights, g, *inputs):
         return g
 
     @staticmethod
@@ -193,22 +220,13 @@ class MLPDualScan(DualScan):
     uses_E = True
 
     @staticmethod
-    def keep(state):
-        return None
-
-    @staticmethod
-    def recompute(weights, kept, *inputs):
-        return MLPDualScan.states(weights, *inputs)
-
-    @staticmethod
-    def step(weights, *inputs):
-        state = MLPDualScan.states(weights, *inputs)
+    def output(weights, state, *inputs):
         (_, W2, b2), (*_, g2, _, _, _, xbar2, _, a2) = weights, state
         zbar2 = xbar2 @ W2 - a2 @ g2
-        return zbar2 if b2 is None else zbar2 + b2, state
+        return zbar2 if b2 is None else zbar2 + b2
 
     @staticmethod
-    def states(weights, xq, xk, label, a1, xk_last, E, w2):
+    def state(weights, xq, xk, label, a1, xk_last, E, w2):
         """Everything of a mini-batch but its output Zbar2 = Xbar2 W2 + b2 - A2 G2."""
         W1, W2, b2 = weights
         z1 = xk @ W1
