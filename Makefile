@@ -7,7 +7,7 @@ PROFILE ?= cpu
 DATA_DIR ?=
 EXTRAS ?= dev
 
-.PHONY: setup test reproduce lint clean
+.PHONY: setup test reproduce bench lint clean
 
 # The pinned torch goes in first: on CPU machines it is the local CPU wheel; an unpinned torch
 # would pull several GB of CUDA packages.
@@ -28,6 +28,15 @@ lint: setup
 
 reproduce: setup
 	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+
+# The speed figures of the README (docs/speed.md): every suite at the CPU reference size, into results/speed/.
+bench: SHELL := /bin/bash
+bench: .SHELLFLAGS := -eo pipefail -c
+bench: setup
+	mkdir -p results/speed
+	$(VENV)/bin/ttt-bench bench models --preset cpu-ref --repeats 5 --out results/speed/models.csv | tee results/speed/models.txt
+	$(VENV)/bin/ttt-bench bench forms --repeats 5 --out results/speed/forms.csv | tee results/speed/forms.txt
+	$(VENV)/bin/ttt-bench bench scan --out results/speed/scan.csv | tee results/speed/scan.txt
 
 clean:
 	rm -rf $(VENV) runs .cache

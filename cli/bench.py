@@ -22,21 +22,29 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args: list[str]) -> None:
     import os
+    import time
 
     import pandas as pd
 
+    from ttt_bench.bench.common import hardware
+    from ttt_bench.io import write_atomic
+
     a = parser().parse_args(args)
     suite = importlib.import_module(f"ttt_bench.bench.{a.suite}")
+    start = time.perf_counter()
     try:
         df = suite.run(a)
     except ValueError as e:
         fail(str(e))
+    wall = time.perf_counter() - start
+
     out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "bench" / f"{a.suite}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
+    write_atomic(out, df.to_csv(index=False))
     with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
                            "display.float_format", "{:.4g}".format):
         print(df.dropna(axis=1, how="all").to_string(index=False))
     for line in getattr(suite, "summary", lambda _: [])(df):
         print(line)
+    print(f"command: ttt-bench bench {' '.join(args)}")
+    print(f"hardware: {hardware()}; wall time {wall:.0f} s")
     print(f"wrote {out}")

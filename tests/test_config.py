@@ -20,6 +20,16 @@ def test_every_model_and_size_composes_and_resolves(model, size):
     assert resolved["model"]["_target_"] and resolved["size"]["name"] == size
 
 
+def test_every_experiment_preset_composes_with_every_model():
+    experiments = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+    assert experiments
+    for experiment in experiments:
+        for model in GROUPS["model"]:
+            cfg = compose("train", [f"experiment={experiment}", f"model={model}"])
+            resolved = OmegaConf.to_container(cfg, resolve=True)
+            assert resolved["model"]["name"] == model and resolved["data"]["seq_len"] >= 256
+
+
 @pytest.mark.parametrize("group", ["data", "recipe", "trainer"])
 def test_every_option_of_other_groups_composes(group):
     for option in GROUPS[group]:

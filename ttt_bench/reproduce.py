@@ -9,7 +9,6 @@ a GPU prints the plan (runs, tokens, FLOPs, estimated GPU-hours) and stops.
 import argparse
 import logging
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from .bench.common import hardware
 from .bench.models import summary as models_summary
 from .experiments import figures
 from .experiments.measure import inner_losses, table1, time_w_and_z
@@ -51,20 +51,13 @@ def paper_plan(data_dir: str | None) -> pd.DataFrame:
     return df
 
 
-def hardware() -> str:
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__} with "
-        f"{torch.get_num_threads()} threads, {gpu}"
-    )
-
-
 class Report:
     def __init__(self, profile: str, data_dir: str | None):
         self.profile, self.data_dir, self.sections = profile, data_dir, []
         data = f" DATA_DIR={data_dir}" if data_dir else ""
         self.make = f"make reproduce PROFILE={profile}{data}"
         self.flags = f" --profile {profile}" + (f" --data-dir {data_dir}" if data_dir else "")
+        self.trained_s = 0.0  # the sweeps' runs' own training wall times, summed
 
     def add(self, title: str, paper: str, measured: str, holds: str, command: str, wall: float,
             registry: pd.DataFrame | None = None) -> None:
@@ -72,7 +65,9 @@ class Report:
         after its runs finished takes little time itself)."""
         trained = ""
         if registry is not None and "wall_time_s" in registry:
-            trained = f"; its runs trained for {pd.to_numeric(registry['wall_time_s']).sum() / 60:.1f} min"
+            seconds = float(pd.to_numeric(registry["wall_time_s"]).sum())
+            self.trained_s += seconds
+            trained = f"; its runs trained for {seconds / 60:.1f} min"
         self.sections.append(
             f"## {title}\n\n**Paper.** {paper}\n\n**Measured.** {measured}\n\n"
             f"**Does the paper's claim hold at this scale?** {holds}\n\n"
@@ -87,8 +82,10 @@ class Report:
         )
         head = (
             f"# ttt-bench results ({self.profile} profile)\n\nHardware: {hardware()}. Data: {data}. "
-            f"Total wall time {total / 60:.1f} min. Perplexities are byte-level (the paper's are Llama-token "
-            f"level), so only orderings and trends are comparable, not values. Produced by `{self.make}`.\n"
+            f"Total wall time {total / 60:.1f} min (the sweeps' runs trained for {self.trained_s / 60:.1f} "
+            f"min of it, or earlier if this invocation resumed them). Perplexities are byte-level (the "
+            f"paper's are Llama-token level), so only orderings and trends are comparable, not values. "
+            f"Produced by `{self.make}`.\n"
         )
         write_atomic(path, "\n".join([head, *self.sections]))
 

@@ -18,11 +18,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
 
 from ..io import write_atomic  # noqa: E402
 
 LINEAR_COST = ("TTT-Linear (M)", "TTT-MLP (M)", "Mamba", "TTT-Linear (T)", "TTT-MLP (T)")
 TRANSFORMERS = {"Transformer": "TF pretrain", "TF finetune": "TF finetune"}
+# `ttt-bench bench models` names models by config; the TTT configs default to the Mamba backbone
+PAPER_NAMES = {"transformer": "Transformer", "mamba": "Mamba", "ttt_linear": "TTT-Linear (M)",
+               "ttt_mlp": "TTT-MLP (M)"}
 
 
 def save(fig, stem: Path) -> list[Path]:
@@ -37,6 +41,14 @@ def save(fig, stem: Path) -> list[Path]:
         paths.append(stem.with_suffix(f".{ext}"))
     plt.close(fig)
     return paths
+
+
+def plain_log_ticks(ax, y: bool = True) -> None:
+    """Log axes without clutter: no minor labels on x (FLOPs), plain numbers on y (perplexity, ms)."""
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if y:
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
 
 
 def finished(df: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +68,9 @@ def scaling(reg: pd.DataFrame, stem: Path) -> list[Path]:
     panels = sorted({(r, int(t)) for r, t in zip(df["role"], df["seq_len"], strict=True)})
     if not panels:
         raise ValueError("no finished runs in the scaling registry")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False, layout="constrained"
+    )
     for ax, (role, T) in zip(axes[0], panels, strict=True):
         sub = df[(df["role"] == role) & (df["seq_len"] == T)]
         for label, g in sub.groupby("label", sort=False):
@@ -69,6 +83,7 @@ def scaling(reg: pd.DataFrame, stem: Path) -> list[Path]:
             ylabel="Perplexity",
             title=f"{'Books' if role == 'books' else 'Pile'} {_context(T)}",
         )
+        plain_log_ticks(ax)
         ax.legend(fontsize=7)
     return save(fig, stem)
 
@@ -110,6 +125,7 @@ def context(reg: pd.DataFrame, stem: Path) -> list[Path]:
         ylabel="Perplexity",
         title="Books, context length as a hyper-parameter",
     )
+    plain_log_ticks(ax)
     ax.legend(fontsize=7)
     return save(fig, stem)
 
@@ -162,6 +178,7 @@ def minibatch(reg: pd.DataFrame, timing: pd.DataFrame | None, stem: Path) -> lis
             yscale="log",
             title=f"Forward time in dual form, T={T}",
         )
+        plain_log_ticks(axes[1])
         axes[1].legend(fontsize=7)
     return save(fig, stem)
 
@@ -187,12 +204,14 @@ def latency(bench: pd.DataFrame, stem: Path) -> list[Path]:
     phases = [p for p in ("prefill", "decode", "train") if p in set(bench["phase"])]
     if not phases:
         raise ValueError("no prefill/decode/train rows in the benchmark CSV")
-    fig, axes = plt.subplots(1, len(phases), figsize=(4.5 * len(phases), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(phases), figsize=(4.5 * len(phases), 4), squeeze=False, layout="constrained"
+    )
     for ax, phase in zip(axes[0], phases, strict=True):
         sub = bench[bench["phase"] == phase]
         for model, g in sub.groupby("model", sort=False):
             g = g.sort_values("context")
-            ax.plot(g["context"], g["latency_ms_per_token"], "o-", label=model)
+            ax.plot(g["context"], g["latency_ms_per_token"], "o-", label=PAPER_NAMES.get(model, model))
         ax.set(
             xscale="log", xlabel="Context length", ylabel="Latency per token (ms)", title=phase.capitalize()
         )
