@@ -16,23 +16,24 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.to(dtype), x.shape[-1:], self.weight.to(dtype), self.eps).type_as(x)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
-    """cos/sin tables of rotary embeddings (Su et al.) for integer `positions` of shape [T]."""
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Rotary embedding angles (Su et al.) p theta^(-2j/d) for integer `positions` [T]: [T, head_dim / 2],
+    float64."""
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
     )
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    angles = torch.cat([angles, angles], dim=-1)
+    return positions.to(torch.float64)[:, None] * inv_freq[None, :]
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype=torch.float32):
+    """cos/sin tables of the 'rotate half' convention, [T, head_dim]."""
+    angles = rope_angles(positions, head_dim, theta).repeat(1, 2)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def rope_freqs(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
-    """The rotations of rotary embeddings as unit complex numbers exp(i p theta^(-2j/d)), [T, head_dim / 2]
-    (complex128)."""
-    inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim)
-    )
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    """The rotations as unit complex numbers exp(i angle), [T, head_dim / 2] (complex128)."""
+    angles = rope_angles(positions, head_dim, theta)
     return torch.polar(torch.ones_like(angles), angles)
 
 
