@@ -43,12 +43,11 @@ def save(fig, stem: Path) -> list[Path]:
     return paths
 
 
-def plain_log_ticks(ax, y: bool = True) -> None:
+def plain_log_ticks(ax) -> None:
     """Log axes without clutter: no minor labels on x (FLOPs), plain numbers on y (perplexity, ms)."""
     ax.xaxis.set_minor_formatter(NullFormatter())
-    if y:
-        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
 
 
 def finished(df: pd.DataFrame) -> pd.DataFrame:
