@@ -81,149 +81,183 @@ def _dual(scan, weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_e
         if not outputs:
             return None, tuple(scan.final_weights(weights, Xq, Xk, label, XK_last, E, w2))
         A = E * (Xq @ Xk.transpose(-1, -2))  # with the bias: E * (XQ XK^T + 1)
-        Zbar, *weights = scan.apply(Xq, Xk, label, A, XK_last, E, w2, torch.is_grad_enabled(), *weights)
+        Zbar, weights = scan.run(Xq, Xk, label, A, XK_last, E, w2, torch.is_grad_enabled(), *weights)
         Z = Zbar.permute(1, 0, 3, 2, 4).contiguous().permute(0, 3, 1, 2, 4)  # [B, H, N, b, f], token-major
         return (XQ + learner.layer_norm(Z, ln_w, ln_b) if ln else Z), tuple(weights)
 
     return in_groups(run, weights, (XQ, XK, XV, eta), checkpoint_every)
 
 
-class DualScan(torch.autograd.Function):
-    """What both learners' scans share. Inputs, mini-batch-major: XQ, XK [N, B, H, b, d] (d = f + 1 with
-    the bias feature); label [N, B, H, b, f]: with LN, (ln_b - (xv - xk)) ln_w, else xv; A [N, B, H, b, b]
-    = E * (XQ XK^T); XK_last [N, B, H, d, b] = XK^T diag(e); E [N, B, H, b, b]; w2 [H, 1, f] = ln_w^2
-    (None without LN); then the initial weights. A subclass defines, for one mini-batch, `state` (what
-    its output, the update and the backward need), `output`, `update` (the weights after it) and
-    `step_backward`; and may keep part of each state from the forward for the backward (`keep`,
-    `recompute`).
+class LinearDualScan(torch.autograd.Function):
+    """TTT-Linear: only the recurrence of the weights runs mini-batch by mini-batch, with a handful of ops
+    per mini-batch written into preallocated buffers; the rest is batched over all mini-batches.
+
+    The Function maps (XQ, XK, label, XK_last, w2, W) to (ZQ, G, W_N): ZQ_n = XQ_n W_n and G_n the LN-L2
+    gradient at XK_n W_n, for every n, and the weights after the last mini-batch. The outputs Zbar = ZQ - A G
+    (Equation 8) are formed by autograd outside (`run`), which hands the backward dZQ = dZbar and
+    dG = -A^T dZbar. The backward then walks the mini-batches in reverse carrying dW (the gradient of the
+    next mini-batch's W); per mini-batch only what depends on dW: dG += -XK_last^T dW, the LN-L2 gradient's
+    backward, and the products with W. What only needs dG (the label's and LN weight's gradients) is batched
+    after the walk. It keeps every G and XK W (as small as an input) and every SEGMENT-th W, recomputing the
+    others a segment at a time with the forward's own ops (bitwise the forward's W's).
     """
 
     @classmethod
-    def forward(cls, ctx, XQ, XK, label, A, XK_last, E, w2, training: bool, *weights):
-        label_in = label  # as it came: its gradient takes its layout (see backward)
-        XQ, XK, label, A, XK_last, E = (t.contiguous() for t in (XQ, XK, label, A, XK_last, E))
-        Zbar = torch.empty_like(label)
-        segments, kept = [], None
-        for n in range(XK.shape[0]):
+    def run(cls, XQ, XK, label, A, XK_last, E, w2, training: bool, W):
+        ZQ, G, W = cls.apply(XQ, XK, label, XK_last, w2, training, W)
+        Zbar = torch.baddbmm(ZQ.flatten(0, 2), A.flatten(0, 2), G.flatten(0, 2), alpha=-1)  # ZQ - A G
+        return Zbar.view_as(ZQ), (W,)
+
+    @staticmethod
+    def forward(ctx, XQ, XK, label, XK_last, w2, training: bool, W):
+        ctx.label_stride = label.stride()  # see backward
+        XQ, XK, label, XK_last = (t.contiguous() for t in (XQ, XK, label, XK_last))
+        N, f = XK.shape[0], label.shape[-1]
+        ZQ, ZK, G = (XK.new_empty(XK.shape[:-1] + (f,)) for _ in range(3))
+        segments = XK.new_empty(((N + SEGMENT - 1) // SEGMENT,) + W.shape) if training else None
+        W = W.contiguous()
+        for n in range(N):
             if training and n % SEGMENT == 0:
-                segments += weights
-            inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-            state = cls.state(weights, *inputs)
-            Zbar[n] = cls.output(weights, state, *inputs)
-            if training and (keep := cls.keep(state)) is not None:
-                kept = keep.new_empty(XK.shape[:1] + keep.shape) if kept is None else kept
-                kept[n] = keep
-            weights = cls.update(weights, state, *inputs)
+                segments[n // SEGMENT] = W
+            torch.bmm(_bh(XK[n]), _bh(W), out=_bh(ZK[n]))
+            torch.bmm(_bh(XQ[n]), _bh(W), out=_bh(ZQ[n]))
+            G[n] = learner.ln_l2_grad(ZK[n], w2, label[n])
+            W = _update(W, XK_last[n], G[n])
         if training:
-            ctx.n_weights = len(weights)
-            ctx.save_for_backward(XQ, XK, label_in, A, XK_last, E, w2, kept, *segments)
+            ctx.save_for_backward(XQ, XK, label, XK_last, w2, ZK, G, segments)
+        return ZQ, G, W
+
+    @staticmethod
+    def final_weights(weights, XQ, XK, label, XK_last, E, w2):
+        """Only the weights after the last mini-batch (no outputs, no gradients)."""
+        (W,) = weights
+        for n in range(XK.shape[0]):
+            W = _update(W, XK_last[n], learner.ln_l2_grad(XK[n] @ W, w2, label[n]))
+        return (W,)
+
+    @staticmethod
+    def backward(ctx, dZQ, dG, dW):
+        XQ, XK, label, XK_last, w2, ZK, G, segments = ctx.saved_tensors
+        N = XK.shape[0]
+        dZQ = torch.zeros_like(G) if dZQ is None else dZQ.contiguous()
+        dG = torch.zeros_like(G) if dG is None else dG.contiguous()
+        dG_total = torch.empty_like(G)  # dG_n - XK_last_n^T dW_{n+1}: G_n's gradient through both paths
+        dW = torch.zeros_like(segments[0]) if dW is None else dW.clone(memory_format=torch.contiguous_format)
+        dXQ, dXK, dXK_last = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XK_last)
+        ln_l2 = _LNL2Backward(ZK, G, w2, label)
+        Ws = torch.empty((SEGMENT,) + dW.shape, dtype=dW.dtype, device=dW.device)
+        for first in reversed(range(0, N, SEGMENT)):
+            last = min(first + SEGMENT, N)
+            Ws[0] = segments[first // SEGMENT]  # recompute the segment's W's
+            for n in range(first, last - 1):
+                torch.baddbmm(_bh(Ws[n - first]), _bh(XK_last[n]), _bh(G[n]), alpha=-1, out=_bh(Ws[n - first + 1]))
+            for n in reversed(range(first, last)):
+                W = _bh(Ws[n - first])
+                # W_{n+1} = W_n - XK_last_n G_n: dXK_last_n = -dW G_n^T (negated below), dG_n -= XK_last_n^T dW
+                torch.bmm(_bh(dW), _bh(G[n]).mT, out=_bh(dXK_last[n]))
+                torch.baddbmm(_bh(dG[n]), _bh(XK_last[n]).mT, _bh(dW), alpha=-1, out=_bh(dG_total[n]))
+                dZK = ln_l2.dz(n, dG_total[n])
+                # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
+                _bh(dW).baddbmm_(_bh(XQ[n]).mT, _bh(dZQ[n])).baddbmm_(_bh(XK[n]).mT, _bh(dZK))
+                torch.bmm(_bh(dZQ[n]), W.mT, out=_bh(dXQ[n]))
+                torch.bmm(_bh(dZK), W.mT, out=_bh(dXK[n]))
+        dlabel, dw2 = ln_l2.dlabel_dw2(dG_total)
+        # laid out as the label came in (token-major from the layer): its parameters' sums stay cheap
+        dlabel = dlabel.new_empty_strided(dlabel.shape, ctx.label_stride).copy_(dlabel)
+        return dXQ, dXK, dlabel, dXK_last.neg_(), dw2, None, dW
+
+
+def _bh(t: torch.Tensor) -> torch.Tensor:
+    """[B, H, r, c] (contiguous) as [B * H, r, c], a view, for bmm and its out=."""
+    return t.flatten(0, 1)
+
+
+def _update(W, xk_last, g):
+    """W_{n+1} = W_n - XK^T diag(e) G (with the bias row)."""
+    return torch.baddbmm(_bh(W), _bh(xk_last), _bh(g), alpha=-1).view_as(W)
+
+
+class _LNL2Backward:
+    """The backward of G = ln_l2_grad(ZK, w2, label) for every mini-batch (learner.ln_l2_grad_backward),
+    with everything that does not depend on dG computed once for all of them: Zhat, the LN statistics,
+    g0 = label + w2 Zhat, s = rstd / f, s Zhat and s <Zhat, g0>. Without LN (w2 None), G = ZK - label."""
+
+    def __init__(self, ZK, G, w2, label):
+        self.ZK, self.G, self.w2 = ZK, G, w2
+        if w2 is not None:
+            self.Zhat, self.mean, self.rstd = torch.native_layer_norm(ZK, ZK.shape[-1:], None, None, learner.LN_EPS)
+            self.g0 = torch.addcmul(label, w2, self.Zhat)
+            self.sZhat = self.Zhat * (self.rstd / ZK.shape[-1])
+            self.k = torch.linalg.vecdot(self.sZhat, self.g0).unsqueeze(-1)
+
+    def J(self, v, n=slice(None)):
+        return learner._ln_backward(v, self.ZK[n], self.mean[n], self.rstd[n])
+
+    def dz(self, n: int, dg):
+        """dZK of mini-batch n from its dG: J (w2 J dg - s<Zhat, g0> dg - s<dg, Zhat> g0) - s<dg, G> Zhat."""
+        if self.w2 is None:
+            return dg
+        dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1)
+        v = (self.w2 * self.J(dg, n)).addcmul_(self.k[n], dg, value=-1)
+        v.addcmul_(dot(dg, self.sZhat[n]), self.g0[n], value=-1)
+        return self.J(v, n).addcmul_(dot(dg, self.G[n]), self.sZhat[n], value=-1)
+
+    def dlabel_dw2(self, dG):
+        """The gradients wrt label (J dG) and, summed over all but heads and features, wrt w2."""
+        if self.w2 is None:
+            return -dG, None
+        dlabel = self.J(dG)
+        return dlabel, (dlabel * self.Zhat).sum((0, 1)).sum(-2, keepdim=True)  # (0, 1) first: fast
+
+
+class MLPDualScan(torch.autograd.Function):
+    """TTT-MLP: weights (W1, W2, b2), W1 [B, H, d, 4f] with b1 as its last row, b2 possibly None. Inputs,
+    mini-batch-major: XQ, XK [N, B, H, b, d]; label [N, B, H, b, f]; A [N, B, H, b, b] = E * (XQ XK^T);
+    XK_last [N, B, H, d, b] = XK^T diag(e); E = tril(eta); w2 [H, 1, f] = ln_w^2 (None without LN).
+
+    A mini-batch's output depends on its weights through GELU, so all of it runs in the loop. Weights and
+    their gradients are updated in place (a weight-sized temporary costs more than the matmul that fills
+    it). The states are 4f wide: the forward keeps only every SEGMENT-th weights, and the backward
+    recomputes a segment's weights and states before walking it in reverse.
+    """
+
+    @classmethod
+    def run(cls, *inputs):
+        Zbar, *weights = cls.apply(*inputs)
+        return Zbar, weights
+
+    @staticmethod
+    def forward(ctx, XQ, XK, label, A, XK_last, E, w2, training: bool, *weights):
+        ctx.label_stride = label.stride()  # see LinearDualScan.backward
+        XQ, XK, label, A, XK_last, E = (t.contiguous() for t in (XQ, XK, label, A, XK_last, E))
+        N = XK.shape[0]
+        weights = tuple(None if w is None else w.clone(memory_format=torch.contiguous_format) for w in weights)
+        segments = tuple(
+            None if w is None or not training else w.new_empty(((N + SEGMENT - 1) // SEGMENT,) + w.shape)
+            for w in weights
+        )
+        Zbar = torch.empty_like(label)
+        for n in range(N):
+            if training and n % SEGMENT == 0:
+                for segment, w in zip(segments, weights, strict=True):
+                    if w is not None:
+                        segment[n // SEGMENT] = w
+            inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
+            state = MLPDualScan.state(weights, *inputs)
+            MLPDualScan.output(weights, state, out=Zbar[n])
+            MLPDualScan.update(weights, state, inputs)  # in place
+        if training:
+            ctx.save_for_backward(XQ, XK, label, A, XK_last, E, w2, *segments)
         return Zbar, *weights
 
     @staticmethod
-    def keep(state):
-        """What the forward keeps of a mini-batch's state for the backward (None: nothing)."""
-        return None
-
-    @classmethod
-    def recompute(cls, weights, kept, *inputs):
-        """The backward's state of a mini-batch, from its weights and what the forward kept."""
-        return cls.state(weights, *inputs)
-
-    @classmethod
-    def final_weights(cls, weights, XQ, XK, label, XK_last, E, w2):
+    def final_weights(weights, XQ, XK, label, XK_last, E, w2):
         """Only the weights after the last mini-batch: the forward's steps without the outputs (nor A)."""
+        weights = tuple(None if w is None else w.clone(memory_format=torch.contiguous_format) for w in weights)
         for n in range(XK.shape[0]):
             inputs = (XQ[n], XK[n], label[n], None, XK_last[n], E[n], w2)
-            weights = cls.update(weights, cls.state(weights, *inputs), *inputs)
+            MLPDualScan.update(weights, MLPDualScan.state(weights, *inputs), inputs)
         return weights
-
-    @classmethod
-    def backward(cls, ctx, dZbar, *dweights):
-        XQ, XK, label, A, XK_last, E, w2, kept, *segments = ctx.saved_tensors
-        k = ctx.n_weights
-        dZbar = torch.zeros_like(label) if dZbar is None else dZbar.contiguous()
-        dweights = tuple(
-            None if w is None else torch.zeros_like(w) if d is None else d
-            for w, d in zip(segments[:k], dweights, strict=True)
-        )
-        # laid out as the label came in (token-major from the layer): its parameters' sums stay cheap
-        dlabel, label = torch.empty_like(label), label.contiguous()
-        grads = [torch.empty_like(t) if t is not None else None
-                 for t in (XQ, XK, A, XK_last, E if cls.uses_E else None)]
-        dw2 = None if w2 is None else torch.zeros_like(dZbar[0])  # summed over mini-batches, then tokens
-        N = XK.shape[0]
-        for first in reversed(range(0, N, SEGMENT)):  # recompute the segment's weights and states
-            weights, steps = tuple(segments[first // SEGMENT * k :][:k]), []
-            for n in range(first, min(first + SEGMENT, N)):
-                inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-                state = cls.recompute(weights, None if kept is None else kept[n], *inputs)
-                steps.append((weights, state, inputs))
-                weights = cls.update(weights, state, *inputs)
-            for n in reversed(range(first, min(first + SEGMENT, N))):
-                weights, state, inputs = steps.pop()
-                dweights, dinputs, dlabel[n], dw2_n = cls.step_backward(
-                    weights, state, inputs, dZbar[n], dweights
-                )
-                for g, d in zip(grads, dinputs, strict=True):
-                    if g is not None:
-                        g[n] = d
-                if dw2 is not None:
-                    dw2 += dw2_n
-        dXQ, dXK, dA, dXK_last, dE = grads
-        dw2 = None if w2 is None else dw2.sum((0, 2)).unsqueeze(1)
-        return dXQ, dXK, dlabel, dA, dXK_last, dE, dw2, None, *dweights
-
-
-class LinearDualScan(DualScan):
-    """TTT-Linear: weights (W,), W [B, H, d, f] with the bias as its last row. The forward keeps every G
-    (as small as an input), so the backward recomputes only the W's."""
-
-    uses_E = False
-
-    @staticmethod
-    def state(weights, xq, xk, label, a, xk_last, E, w2):
-        return learner.ln_l2_grad(xk @ weights[0], w2, label)  # G
-
-    @staticmethod
-    def output(weights, g, xq, xk, label, a, xk_last, E, w2):
-        return xq @ weights[0] - a @ g
-
-    @staticmethod
-    def keep(g):
-        return g
-
-    @classmethod
-    def recompute(cls, weights, g, *inputs):
-        return g
-
-    @staticmethod
-    def update(weights, g, xq, xk, label, a, xk_last, E, w2):
-        return (weights[0] - xk_last @ g,)
-
-    @staticmethod
-    def step_backward(weights, g, inputs, dzbar, dweights):
-        (W,), (dW,) = weights, dweights  # dW: the gradient of the next mini-batch's W
-        xq, xk, label, a, xk_last, E, w2 = inputs
-        dxk_last = (dW @ g.transpose(-1, -2)).neg_()
-        dg = (a.transpose(-1, -2) @ dzbar).neg_().sub_(xk_last.transpose(-1, -2) @ dW)
-        dzk, dlabel, dw2 = learner.ln_l2_grad_backward(xk @ W, w2, label, g, dg)
-        dxq, dxk = dzbar @ W.transpose(-1, -2), dzk @ W.transpose(-1, -2)
-        da = (dzbar @ g.transpose(-1, -2)).neg_()
-        dW = dW + xq.transpose(-1, -2) @ dzbar + xk.transpose(-1, -2) @ dzk
-        return (dW,), (dxq, dxk, da, dxk_last, None), dlabel, dw2
-
-
-class MLPDualScan(DualScan):
-    """TTT-MLP: weights (W1, W2, b2), W1 [B, H, d, 4f] with b1 as its last row, b2 possibly None. Its
-    states are 4f wide: the forward keeps none, the backward recomputes them a segment at a time."""
-
-    uses_E = True
-
-    @staticmethod
-    def output(weights, state, *inputs):
-        (_, W2, b2), (*_, g2, _, _, _, xbar2, _, a2) = weights, state
-        zbar2 = xbar2 @ W2 - a2 @ g2
-        return zbar2 if b2 is None else zbar2 + b2
 
     @staticmethod
     def state(weights, xq, xk, label, a1, xk_last, E, w2):
@@ -235,64 +269,114 @@ class MLPDualScan(DualScan):
         g2 = learner.ln_l2_grad(z2, w2, label)
         h = g2 @ W2.transpose(-1, -2)
         g1 = gelu_backward(h, z1, approximate="tanh")  # G1 = (G2 W2^T) * gelu'(Z1)
-        zbar1 = xq @ W1 - a1 @ g1
+        zbar1 = _bh(xq @ W1).baddbmm_(_bh(a1), _bh(g1), alpha=-1).view_as(z1)  # XQ W1 - A1 G1
         xbar2 = learner.gelu(zbar1)
         m2 = xbar2 @ x2.transpose(-1, -2)
         a2 = E * (m2 if b2 is None else m2 + 1)
         return z1, x2, z2, g2, h, g1, zbar1, xbar2, m2, a2
 
     @staticmethod
-    def update(weights, state, xq, xk, label, a1, xk_last, E, w2):
-        (W1, W2, b2), (_, x2, _, g2, _, g1, *_) = weights, state
-        eg2 = E[..., -1:, :].transpose(-1, -2) * g2  # diag(e) G2
-        return (
-            W1 - xk_last @ g1,
-            W2 - x2.transpose(-1, -2) @ eg2,
-            None if b2 is None else b2 - eg2.sum(-2, keepdim=True),
-        )
+    def output(weights, state, out):
+        (_, W2, b2), (*_, g2, _, _, _, xbar2, _, a2) = weights, state
+        torch.bmm(_bh(xbar2), _bh(W2), out=_bh(out)).baddbmm_(_bh(a2), _bh(g2), alpha=-1)
+        if b2 is not None:
+            out += b2
 
     @staticmethod
-    def step_backward(weights, state, inputs, dzbar2, dweights):
-        (W1, W2, b2), (dW1, dW2, db2) = weights, dweights  # d*: gradients of the next mini-batch's
+    def update(weights, state, inputs, out=None):
+        """The weights after the mini-batch, W1 - XK_last G1, W2 - X2^T diag(e) G2, b2 - e^T G2: into
+        `out`, or in place."""
+        (W1, W2, b2), (_, x2, _, g2, _, g1, *_) = weights, state
+        xk_last, E = inputs[4], inputs[5]
+        eg2 = E[..., -1:, :].transpose(-1, -2) * g2  # diag(e) G2
+        out1, out2, out_b2 = out or weights
+        for W, dst, x, y in ((W1, out1, _bh(xk_last), _bh(g1)), (W2, out2, _bh(x2).mT, _bh(eg2))):
+            if dst is W:
+                _bh(W).baddbmm_(x, y, alpha=-1)
+            else:
+                torch.baddbmm(_bh(W), x, y, alpha=-1, out=_bh(dst))
+        if b2 is not None:
+            torch.sub(b2, eg2.sum(-2, keepdim=True), out=out_b2)
+
+    @staticmethod
+    def backward(ctx, dZbar, *dweights):
+        XQ, XK, label, A, XK_last, E, w2, *segments = ctx.saved_tensors
+        N = XK.shape[0]
+        dZbar = torch.zeros_like(label) if dZbar is None else dZbar.contiguous()
+        dweights = tuple(  # the gradients of the next mini-batch's weights, carried in place
+            None if s is None else torch.zeros_like(s[0]) if d is None else d.clone(memory_format=torch.contiguous_format)
+            for s, d in zip(segments, dweights, strict=True)
+        )
+        dXQ, dXK, dA, dXK_last, dE, dlabel = map(torch.empty_like, (XQ, XK, A, XK_last, E, label))
+        dw2 = None if w2 is None else torch.zeros_like(dZbar[0])  # summed over mini-batches, then tokens
+        Ws = tuple(None if s is None else s.new_empty((SEGMENT,) + s.shape[1:]) for s in segments)
+        for first in reversed(range(0, N, SEGMENT)):  # recompute the segment's weights and states
+            last, states = min(first + SEGMENT, N), []
+            for W, s in zip(Ws, segments, strict=True):
+                if W is not None:
+                    W[0] = s[first // SEGMENT]
+            for n in range(first, last):
+                weights = tuple(None if W is None else W[n - first] for W in Ws)
+                inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
+                states.append(MLPDualScan.state(weights, *inputs))
+                if n + 1 < last:
+                    MLPDualScan.update(weights, states[-1], inputs,
+                                       out=tuple(None if W is None else W[n - first + 1] for W in Ws))
+            for n in reversed(range(first, last)):
+                weights = tuple(None if W is None else W[n - first] for W in Ws)
+                inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
+                dw2_n = MLPDualScan.step_backward(weights, states.pop(), inputs, dZbar[n], dweights,
+                                                  out=(dXQ[n], dXK[n], dA[n], dXK_last[n], dE[n], dlabel[n]))
+                if dw2 is not None:
+                    dw2 += dw2_n
+        dw2 = None if w2 is None else dw2.sum((0, 2)).unsqueeze(1)
+        dlabel = dlabel.new_empty_strided(dlabel.shape, ctx.label_stride).copy_(dlabel)
+        return dXQ, dXK, dlabel, dA, dXK_last, dE, dw2, None, *dweights
+
+    @staticmethod
+    def step_backward(weights, state, inputs, dzbar2, dweights, out):
+        """One mini-batch in reverse: writes the gradients of its inputs into `out` and turns `dweights`
+        (the next mini-batch's weights' gradients) into its own, in place; returns the terms of dw2."""
+        (W1, W2, b2), (dW1, dW2, db2) = weights, dweights
         xq, xk, label, a1, xk_last, E, w2 = inputs
         z1, x2, z2, g2, h, g1, zbar1, xbar2, m2, a2 = state
+        dxq, dxk, da1, dxk_last, dE, dlabel = out
         T = lambda t: t.transpose(-1, -2)
         e = T(E[..., -1:, :])
         # the weights' updates: W1 -= XK_last G1, W2 -= X2^T diag(e) G2, b2 -= e^T G2
-        dxk_last = (dW1 @ T(g1)).neg_()
+        torch.bmm(_bh(dW1), _bh(g1).mT, out=_bh(dxk_last)).neg_()
         dg1 = (T(xk_last) @ dW1).neg_()
         deg2 = (x2 @ dW2).neg_() if db2 is None else (x2 @ dW2).neg_().sub_(db2)
         dx2 = ((e * g2) @ T(dW2)).neg_()
         dg2 = e * deg2
-        dE = torch.zeros_like(E)
+        dE.zero_()
         dE[..., -1, :] = (deg2 * g2).sum(-1)
         # the output: Zbar2 = Xbar2 W2 + b2 - A2 G2, A2 = E * (Xbar2 X2^T + 1)
         dxbar2 = dzbar2 @ T(W2)
-        dW2 = dW2 + T(xbar2) @ dzbar2
-        db2 = None if b2 is None else db2 + dzbar2.sum(-2, keepdim=True)
         da2 = (dzbar2 @ T(g2)).neg_()
-        dg2 -= T(a2) @ dzbar2
-        dE += da2 * (m2 if b2 is None else m2 + 1)
+        _bh(dg2).baddbmm_(_bh(a2).mT, _bh(dzbar2), alpha=-1)
+        dE.addcmul_(da2, m2 if b2 is None else m2 + 1)
         dm2 = da2 * E
-        dxbar2 += dm2 @ x2
-        dx2 += T(dm2) @ xbar2
+        _bh(dxbar2).baddbmm_(_bh(dm2), _bh(x2))
+        _bh(dx2).baddbmm_(_bh(dm2).mT, _bh(xbar2))
         # Zbar1 = XQ W1 - A1 G1, Xbar2 = gelu(Zbar1)
         dzbar1 = gelu_backward(dxbar2, zbar1, approximate="tanh")
-        dxq = dzbar1 @ T(W1)
-        dW1 = dW1 + T(xq) @ dzbar1
-        da1 = (dzbar1 @ T(g1)).neg_()
-        dg1 -= T(a1) @ dzbar1
+        torch.bmm(_bh(dzbar1), _bh(W1).mT, out=_bh(dxq))
+        torch.bmm(_bh(dzbar1), _bh(g1).mT, out=_bh(da1)).neg_()
+        _bh(dg1).baddbmm_(_bh(a1).mT, _bh(dzbar1), alpha=-1)
         # G1 = H * gelu'(Z1), H = G2 W2^T
         dh = gelu_backward(dg1, z1, approximate="tanh")
         dz1 = dg1 * h * learner.gelu_grad2(z1)
-        dg2 += dh @ W2
-        dW2 += T(dh) @ g2
+        _bh(dg2).baddbmm_(_bh(dh), _bh(W2))
         # G2 = LN-L2 gradient at Z2 = X2 W2 + b2, X2 = gelu(Z1), Z1 = XK W1
-        dz2, dlabel, dw2 = learner.ln_l2_grad_backward(z2, w2, label, g2, dg2)
-        dx2 += dz2 @ T(W2)
-        dW2 += T(x2) @ dz2
-        db2 = None if b2 is None else db2 + dz2.sum(-2, keepdim=True)
+        dz2, dc, dw2 = learner.ln_l2_grad_backward(z2, w2, label, g2, dg2)
+        dlabel.copy_(dc)
+        _bh(dx2).baddbmm_(_bh(dz2), _bh(W2).mT)
         dz1 += gelu_backward(dx2, z1, approximate="tanh")
-        dxk = dz1 @ T(W1)
-        dW1 += T(xk) @ dz1
-        return (dW1, dW2, db2), (dxq, dxk, da1, dxk_last, dE), dlabel, dw2
+        torch.bmm(_bh(dz1), _bh(W1).mT, out=_bh(dxk))
+        # this mini-batch's weights' gradients, in place
+        _bh(dW2).baddbmm_(_bh(xbar2).mT, _bh(dzbar2)).baddbmm_(_bh(dh).mT, _bh(g2)).baddbmm_(_bh(x2).mT, _bh(dz2))
+        if db2 is not None:
+            db2 += dzbar2.sum(-2, keepdim=True) + dz2.sum(-2, keepdim=True)
+        _bh(dW1).baddbmm_(_bh(xq).mT, _bh(dzbar1)).baddbmm_(_bh(xk).mT, _bh(dz1))
+        return dw2

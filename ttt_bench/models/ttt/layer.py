@@ -288,12 +288,12 @@ class TTTLayer(nn.Module):
             xk, conv["k"] = self.conv_k(xqk, conv.get("k"))
         else:
             xq, xk = self.q_proj(x), self.k_proj(x)
-        heads = lambda t: t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        xq, xk, xv = heads(xq), heads(xk), heads(xv)
-        if self.rope:  # positions within the mini-batch
+        xq, xk, xv = (t.view(B, T, self.n_heads, self.head_dim) for t in (xq, xk, xv))
+        if self.rope:  # positions within the mini-batch; token-major, as the projections lay them out
             positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
-            freqs = rope_freqs(positions, self.head_dim, self.rope_theta)
+            freqs = rope_freqs(positions, self.head_dim, self.rope_theta).unsqueeze(1)  # [T, 1, f / 2]
             xq, xk = apply_rope_pairs(xq, freqs), apply_rope_pairs(xk, freqs)
+        xq, xk, xv = (t.transpose(1, 2) for t in (xq, xk, xv))  # heads: [B, H, T, f]
 
         if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
             if cache is not None:
