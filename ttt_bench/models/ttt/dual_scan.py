@@ -4,13 +4,17 @@
 function arranged for speed, each learner an autograd Function with a hand-written backward:
 - everything that does not depend on the weights (the masked eta * (XQ XK^T + 1), eta's last row, the
   labels) is computed for all mini-batches in one batched op before the scan, the output LayerNorm after;
+  for TTT-Linear also Zbar = XQ W - A G (from the per-mini-batch XQ W and G) and, in the backward, every
+  part of the LN-L2 gradient's backward that does not depend on the carried gradient of W;
 - the bias of the first layer is the row of W for a feature that is always 1;
 - the scan runs mini-batch-major ([N, B, H, ...]) so that every mini-batch it reads or writes is
   contiguous; Z comes back token-major (laid out [B, N, b, H, f], as the layer's projections), where the
   gradients of the per-head LayerNorm parameters are cheap sums over leading axes;
+- per mini-batch, a few ops writing into preallocated buffers (`out=`, in-place `baddbmm_`): on CPUs a
+  weight-sized temporary costs more than the matmul that fills it;
 - the backward walks the mini-batches in reverse with the gradient of the weights; it keeps only every
-  SEGMENT-th weights and recomputes the others a segment at a time with the forward's own ops, so they are
-  bitwise the forward's (N W's would take far more memory than the inputs).
+  SEGMENT-th weights and recomputes the others a segment at a time with the forward's own ops
+  (N W's would take far more memory than the inputs).
 
 Mini-batch n starts from the weights W_n; with E = tril(eta) and e its last row (as a column):
 
@@ -142,26 +146,28 @@ class LinearDualScan(torch.autograd.Function):
         dZQ = torch.zeros_like(G) if dZQ is None else dZQ.contiguous()
         dG = torch.zeros_like(G) if dG is None else dG.contiguous()
         dG_total = torch.empty_like(G)  # dG_n - XK_last_n^T dW_{n+1}: G_n's gradient through both paths
-        dW = torch.zeros_like(segments[0]) if dW is None else dW.clone(memory_format=torch.contiguous_format)
+        dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
         dXQ, dXK, dXK_last = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XK_last)
-        ln_l2 = _LNL2Backward(ZK, G, w2, label)
+        ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
         Ws = torch.empty((SEGMENT,) + dW.shape, dtype=dW.dtype, device=dW.device)
         for first in reversed(range(0, N, SEGMENT)):
             last = min(first + SEGMENT, N)
             Ws[0] = segments[first // SEGMENT]  # recompute the segment's W's
             for n in range(first, last - 1):
-                torch.baddbmm(_bh(Ws[n - first]), _bh(XK_last[n]), _bh(G[n]), alpha=-1, out=_bh(Ws[n - first + 1]))
+                _update(Ws[n - first], XK_last[n], G[n], out=Ws[n - first + 1])
             for n in reversed(range(first, last)):
                 W = _bh(Ws[n - first])
-                # W_{n+1} = W_n - XK_last_n G_n: dXK_last_n = -dW G_n^T (negated below), dG_n -= XK_last_n^T dW
+                # W_{n+1} = W_n - XK_last_n G_n: dXK_last_n = -dW G_n^T (negated below),
+                # and G_n's gradient through both paths: dG_n - XK_last_n^T dW
                 torch.bmm(_bh(dW), _bh(G[n]).mT, out=_bh(dXK_last[n]))
                 torch.baddbmm(_bh(dG[n]), _bh(XK_last[n]).mT, _bh(dW), alpha=-1, out=_bh(dG_total[n]))
-                dZK = ln_l2.dz(n, dG_total[n])
+                dZK = ln_l2.dz(dG_total[n], n)
                 # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
                 _bh(dW).baddbmm_(_bh(XQ[n]).mT, _bh(dZQ[n])).baddbmm_(_bh(XK[n]).mT, _bh(dZK))
                 torch.bmm(_bh(dZQ[n]), W.mT, out=_bh(dXQ[n]))
                 torch.bmm(_bh(dZK), W.mT, out=_bh(dXK[n]))
-        dlabel, dw2 = ln_l2.dlabel_dw2(dG_total)
+        dlabel = ln_l2.dc(dG_total)  # batched over all mini-batches, as the LN weight's gradient
+        dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
         # laid out as the label came in (token-major from the layer): its parameters' sums stay cheap
         dlabel = dlabel.new_empty_strided(dlabel.shape, ctx.label_stride).copy_(dlabel)
         return dXQ, dXK, dlabel, dXK_last.neg_(), dw2, None, dW
@@ -172,42 +178,16 @@ def _bh(t: torch.Tensor) -> torch.Tensor:
     return t.flatten(0, 1)
 
 
-def _update(W, xk_last, g):
-    """W_{n+1} = W_n - XK^T diag(e) G (with the bias row)."""
-    return torch.baddbmm(_bh(W), _bh(xk_last), _bh(g), alpha=-1).view_as(W)
+def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy to update in place."""
+    return t.clone(memory_format=torch.contiguous_format)
 
 
-class _LNL2Backward:
-    """The backward of G = ln_l2_grad(ZK, w2, label) for every mini-batch (learner.ln_l2_grad_backward),
-    with everything that does not depend on dG computed once for all of them: Zhat, the LN statistics,
-    g0 = label + w2 Zhat, s = rstd / f, s Zhat and s <Zhat, g0>. Without LN (w2 None), G = ZK - label."""
-
-    def __init__(self, ZK, G, w2, label):
-        self.ZK, self.G, self.w2 = ZK, G, w2
-        if w2 is not None:
-            self.Zhat, self.mean, self.rstd = torch.native_layer_norm(ZK, ZK.shape[-1:], None, None, learner.LN_EPS)
-            self.g0 = torch.addcmul(label, w2, self.Zhat)
-            self.sZhat = self.Zhat * (self.rstd / ZK.shape[-1])
-            self.k = torch.linalg.vecdot(self.sZhat, self.g0).unsqueeze(-1)
-
-    def J(self, v, n=slice(None)):
-        return learner._ln_backward(v, self.ZK[n], self.mean[n], self.rstd[n])
-
-    def dz(self, n: int, dg):
-        """dZK of mini-batch n from its dG: J (w2 J dg - s<Zhat, g0> dg - s<dg, Zhat> g0) - s<dg, G> Zhat."""
-        if self.w2 is None:
-            return dg
-        dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1)
-        v = (self.w2 * self.J(dg, n)).addcmul_(self.k[n], dg, value=-1)
-        v.addcmul_(dot(dg, self.sZhat[n]), self.g0[n], value=-1)
-        return self.J(v, n).addcmul_(dot(dg, self.G[n]), self.sZhat[n], value=-1)
-
-    def dlabel_dw2(self, dG):
-        """The gradients wrt label (J dG) and, summed over all but heads and features, wrt w2."""
-        if self.w2 is None:
-            return -dG, None
-        dlabel = self.J(dG)
-        return dlabel, (dlabel * self.Zhat).sum((0, 1)).sum(-2, keepdim=True)  # (0, 1) first: fast
+def _update(W, xk_last, g, out=None):
+    """W_{n+1} = W_n - XK^T diag(e) G (with the bias row), optionally into `out`."""
+    if out is None:
+        return torch.baddbmm(_bh(W), _bh(xk_last), _bh(g), alpha=-1).view_as(W)
+    torch.baddbmm(_bh(W), _bh(xk_last), _bh(g), alpha=-1, out=_bh(out))
 
 
 class MLPDualScan(torch.autograd.Function):
@@ -231,7 +211,7 @@ class MLPDualScan(torch.autograd.Function):
         ctx.label_stride = label.stride()  # see LinearDualScan.backward
         XQ, XK, label, A, XK_last, E = (t.contiguous() for t in (XQ, XK, label, A, XK_last, E))
         N = XK.shape[0]
-        weights = tuple(None if w is None else w.clone(memory_format=torch.contiguous_format) for w in weights)
+        weights = tuple(None if w is None else _contiguous_copy(w) for w in weights)
         segments = tuple(
             None if w is None or not training else w.new_empty(((N + SEGMENT - 1) // SEGMENT,) + w.shape)
             for w in weights
@@ -253,7 +233,7 @@ class MLPDualScan(torch.autograd.Function):
     @staticmethod
     def final_weights(weights, XQ, XK, label, XK_last, E, w2):
         """Only the weights after the last mini-batch: the forward's steps without the outputs (nor A)."""
-        weights = tuple(None if w is None else w.clone(memory_format=torch.contiguous_format) for w in weights)
+        weights = tuple(None if w is None else _contiguous_copy(w) for w in weights)
         for n in range(XK.shape[0]):
             inputs = (XQ[n], XK[n], label[n], None, XK_last[n], E[n], w2)
             MLPDualScan.update(weights, MLPDualScan.state(weights, *inputs), inputs)
@@ -304,7 +284,7 @@ class MLPDualScan(torch.autograd.Function):
         N = XK.shape[0]
         dZbar = torch.zeros_like(label) if dZbar is None else dZbar.contiguous()
         dweights = tuple(  # the gradients of the next mini-batch's weights, carried in place
-            None if s is None else torch.zeros_like(s[0]) if d is None else d.clone(memory_format=torch.contiguous_format)
+            None if s is None else torch.zeros_like(s[0]) if d is None else _contiguous_copy(d)
             for s, d in zip(segments, dweights, strict=True)
         )
         dXQ, dXK, dA, dXK_last, dE, dlabel = map(torch.empty_like, (XQ, XK, A, XK_last, E, label))
@@ -369,14 +349,17 @@ class MLPDualScan(torch.autograd.Function):
         dz1 = dg1 * h * learner.gelu_grad2(z1)
         _bh(dg2).baddbmm_(_bh(dh), _bh(W2))
         # G2 = LN-L2 gradient at Z2 = X2 W2 + b2, X2 = gelu(Z1), Z1 = XK W1
-        dz2, dc, dw2 = learner.ln_l2_grad_backward(z2, w2, label, g2, dg2)
+        ln_l2 = learner.LNL2GradBackward(z2, g2, w2, label)
+        dc = ln_l2.dc(dg2)
+        dz2 = ln_l2.dz(dg2, dc=dc)
         dlabel.copy_(dc)
         _bh(dx2).baddbmm_(_bh(dz2), _bh(W2).mT)
         dz1 += gelu_backward(dx2, z1, approximate="tanh")
         torch.bmm(_bh(dz1), _bh(W1).mT, out=_bh(dxk))
         # this mini-batch's weights' gradients, in place
-        _bh(dW2).baddbmm_(_bh(xbar2).mT, _bh(dzbar2)).baddbmm_(_bh(dh).mT, _bh(g2)).baddbmm_(_bh(x2).mT, _bh(dz2))
+        for x, dz in ((xbar2, dzbar2), (dh, g2), (x2, dz2)):
+            _bh(dW2).baddbmm_(_bh(x).mT, _bh(dz))
         if db2 is not None:
             db2 += dzbar2.sum(-2, keepdim=True) + dz2.sum(-2, keepdim=True)
         _bh(dW1).baddbmm_(_bh(xq).mT, _bh(dzbar1)).baddbmm_(_bh(xk).mT, _bh(dz1))
-        return dw2
+        return ln_l2.dw2_terms(dc)

@@ -65,7 +65,7 @@ def layer_norm_l2_grad(z: torch.Tensor, target: torch.Tensor, weight, bias) -> t
     return (g0 - g0.mean(-1, keepdim=True) - z_hat * (g0 * z_hat).mean(-1, keepdim=True)) * rstd
 
 
-def _ln_backward(dy, z, mean, rstd):
+def ln_backward(dy, z, mean, rstd):
     """LayerNorm's backward without affine parameters, rstd (dy - mean(dy) - z_hat mean(dy z_hat)): the
     Jacobian of z -> z_hat, which is symmetric."""
     return torch.ops.aten.native_layer_norm_backward(
@@ -79,26 +79,41 @@ def ln_l2_grad(z: torch.Tensor, w2: torch.Tensor | None, c: torch.Tensor) -> tor
     if w2 is None:
         return z - c
     z_hat, mean, rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
-    return _ln_backward(torch.addcmul(c, w2, z_hat), z, mean, rstd)  # g0 = d loss / d z_hat
+    return ln_backward(torch.addcmul(c, w2, z_hat), z, mean, rstd)  # g0 = d loss / d z_hat
 
 
-def ln_l2_grad_backward(z, w2, c, g, dg) -> tuple:
-    """The gradients of <dg, ln_l2_grad(z, w2, c)> wrt z and c, and the elementwise terms dc * z_hat of the
-    gradient wrt w2 (summed by the caller).
+class LNL2GradBackward:
+    """The backward of g = ln_l2_grad(z, w2, c): the gradients of <dg, g> wrt z and c, and the elementwise
+    terms dc * z_hat of the gradient wrt w2 (summed by the caller).
 
-    With J the LN Jacobian (`_ln_backward`), g = J g0 and g0 = c + w2 z_hat, so dc = J dg and
-    dz = J (w2 dc - rstd/f (<z_hat, g0> dg + <dg, z_hat> g0)) - rstd/f <dg, g> z_hat: the first term
-    through g0, the others through J's own dependence on z."""
-    if w2 is None:
-        return dg, -dg, None
-    z_hat, mean, rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
-    g0 = torch.addcmul(c, w2, z_hat)
-    dc = _ln_backward(dg, z, mean, rstd)
-    s = rstd / z.shape[-1]
-    dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1).mul_(s)  # rstd/f <a, b> per token
-    v = (w2 * dc).addcmul_(dot(z_hat, g0), dg, value=-1).addcmul_(dot(dg, z_hat), g0, value=-1)
-    dz = _ln_backward(v, z, mean, rstd).addcmul_(dot(dg, g), z_hat, value=-1)
-    return dz, dc, dc * z_hat
+    With J the LN Jacobian (`ln_backward`), g = J g0 and g0 = c + w2 z_hat, so dc = J dg and
+    dz = J (w2 dc - s <z_hat, g0> dg - s <dg, z_hat> g0) - s <dg, g> z_hat with s = rstd / f: the first
+    term through g0, the others through J's own dependence on z. What does not depend on dg is computed once
+    here, for z of any leading shape; `dz(dg, n)` and `dc(dg, n)` take the rows z[n] (the fast dual scan
+    builds it for all mini-batches and back-propagates one at a time). Without LN (w2 None), g = z - c."""
+
+    def __init__(self, z, g, w2, c):
+        self.z, self.g, self.w2 = z, g, w2
+        if w2 is not None:
+            self.z_hat, self.mean, self.rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
+            self.g0 = torch.addcmul(c, w2, self.z_hat)
+            self.s_z_hat = self.z_hat * (self.rstd / z.shape[-1])
+            self.k = torch.linalg.vecdot(self.s_z_hat, self.g0).unsqueeze(-1)  # s <z_hat, g0>
+
+    def dc(self, dg, n=slice(None)):
+        return -dg if self.w2 is None else ln_backward(dg, self.z[n], self.mean[n], self.rstd[n])
+
+    def dz(self, dg, n=slice(None), dc=None):
+        if self.w2 is None:
+            return dg
+        dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1)
+        v = (self.w2 * (self.dc(dg, n) if dc is None else dc)).addcmul_(self.k[n], dg, value=-1)
+        v.addcmul_(dot(dg, self.s_z_hat[n]), self.g0[n], value=-1)
+        dz = ln_backward(v, self.z[n], self.mean[n], self.rstd[n])
+        return dz.addcmul_(dot(dg, self.g[n]), self.s_z_hat[n], value=-1)
+
+    def dw2_terms(self, dc, n=slice(None)):
+        return None if self.w2 is None else dc * self.z_hat[n]
 
 
 def n_layers(params: Params) -> int:
