@@ -32,10 +32,10 @@ def model_cfg(overrides: list[str], seq_len: int) -> dict:
 
 
 def measure(model, x) -> float:
-    """Forward + backward FLOPs per token counted by FlopCounterMode, with two corrections: attention runs on
-    the math backend (CPU's fused kernel is not in the counter's registry), in-place baddbmm_ (the dual scans'
-    accumulations) is counted as baddbmm, and the backward of a depthwise conv is counted as twice its forward
-    (the counter's formula ignores groups, overcounting by the width)."""
+    """Forward + backward FLOPs per token counted by FlopCounterMode, with three corrections: attention
+    runs on the math backend (CPU's fused kernel is not in the counter's registry), in-place baddbmm_ (the
+    dual scans' accumulations) is counted as baddbmm, and the backward of a depthwise conv is counted as
+    twice its forward (the counter's formula ignores groups, overcounting by the width)."""
     in_place = {torch.ops.aten.baddbmm_: lambda _, a, b, *args, **kwargs: 2 * a[0] * a[1] * a[2] * b[2]}
     with FlopCounterMode(display=False, custom_mapping=in_place) as counter, sdpa_kernel(SDPBackend.MATH):
         model(x).sum().backward()
