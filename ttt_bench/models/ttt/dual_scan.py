@@ -103,7 +103,7 @@ class LinearDualScan(torch.autograd.Function):
     next mini-batch's W); per mini-batch only what depends on dW: dG += -XK_last^T dW, the LN-L2 gradient's
     backward, and the products with W. What only needs dG (the label's and LN weight's gradients) is batched
     after the walk. It keeps every G and XK W (as small as an input) and every SEGMENT-th W, recomputing the
-    others a segment at a time with the forward's own ops (bitwise the forward's W's).
+    others a segment at a time.
     """
 
     @classmethod
@@ -114,19 +114,19 @@ class LinearDualScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, XQ, XK, label, XK_last, w2, training: bool, W):
-        ctx.label_stride = label.stride()  # see backward
+        ctx.label_stride = label.stride()  # see _strided_like
         XQ, XK, label, XK_last = (t.contiguous() for t in (XQ, XK, label, XK_last))
         N, f = XK.shape[0], label.shape[-1]
         ZQ, ZK, G = (XK.new_empty(XK.shape[:-1] + (f,)) for _ in range(3))
-        segments = XK.new_empty(((N + SEGMENT - 1) // SEGMENT,) + W.shape) if training else None
-        W = W.contiguous()
+        W = _contiguous_copy(W)
+        segments = _segment_starts(W, N) if training else None
         for n in range(N):
             if training and n % SEGMENT == 0:
                 segments[n // SEGMENT] = W
             torch.bmm(_bh(XK[n]), _bh(W), out=_bh(ZK[n]))
             torch.bmm(_bh(XQ[n]), _bh(W), out=_bh(ZQ[n]))
             G[n] = learner.ln_l2_grad(ZK[n], w2, label[n])
-            W = _update(W, XK_last[n], G[n])
+            _minus_product(W, XK_last[n], G[n])  # W_{n+1} = W_n - XK^T diag(e) G, in place
         if training:
             ctx.save_for_backward(XQ, XK, label, XK_last, w2, ZK, G, segments)
         return ZQ, G, W
@@ -134,9 +134,9 @@ class LinearDualScan(torch.autograd.Function):
     @staticmethod
     def final_weights(weights, XQ, XK, label, XK_last, E, w2):
         """Only the weights after the last mini-batch (no outputs, no gradients)."""
-        (W,) = weights
+        W = _contiguous_copy(weights[0])
         for n in range(XK.shape[0]):
-            W = _update(W, XK_last[n], learner.ln_l2_grad(XK[n] @ W, w2, label[n]))
+            _minus_product(W, XK_last[n], learner.ln_l2_grad(XK[n] @ W, w2, label[n]))
         return (W,)
 
     @staticmethod
@@ -154,7 +154,7 @@ class LinearDualScan(torch.autograd.Function):
             last = min(first + SEGMENT, N)
             Ws[0] = segments[first // SEGMENT]  # recompute the segment's W's
             for n in range(first, last - 1):
-                _update(Ws[n - first], XK_last[n], G[n], out=Ws[n - first + 1])
+                _minus_product(Ws[n - first], XK_last[n], G[n], out=Ws[n - first + 1])
             for n in reversed(range(first, last)):
                 W = _bh(Ws[n - first])
                 # W_{n+1} = W_n - XK_last_n G_n: dXK_last_n = -dW G_n^T (negated below),
@@ -168,9 +168,7 @@ class LinearDualScan(torch.autograd.Function):
                 torch.bmm(_bh(dZK), W.mT, out=_bh(dXK[n]))
         dlabel = ln_l2.dc(dG_total)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
-        # laid out as the label came in (token-major from the layer): its parameters' sums stay cheap
-        dlabel = dlabel.new_empty_strided(dlabel.shape, ctx.label_stride).copy_(dlabel)
-        return dXQ, dXK, dlabel, dXK_last.neg_(), dw2, None, dW
+        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dXK_last.neg_(), dw2, None, dW
 
 
 def _bh(t: torch.Tensor) -> torch.Tensor:
@@ -183,11 +181,24 @@ def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _update(W, xk_last, g, out=None):
-    """W_{n+1} = W_n - XK^T diag(e) G (with the bias row), optionally into `out`."""
+def _segment_starts(w: torch.Tensor, N: int) -> torch.Tensor:
+    """A buffer for the weights at the start of every SEGMENT mini-batches."""
+    return w.new_empty(((N + SEGMENT - 1) // SEGMENT,) + w.shape)
+
+
+def _minus_product(W, x, y, out=None):
+    """W - x y per (sequence, head): into `out`, or without it in place (a weight-sized temporary costs
+    more than the matmul)."""
     if out is None:
-        return torch.baddbmm(_bh(W), _bh(xk_last), _bh(g), alpha=-1).view_as(W)
-    torch.baddbmm(_bh(W), _bh(xk_last), _bh(g), alpha=-1, out=_bh(out))
+        _bh(W).baddbmm_(_bh(x), _bh(y), alpha=-1)
+    else:
+        torch.baddbmm(_bh(W), _bh(x), _bh(y), alpha=-1, out=_bh(out))
+
+
+def _strided_like(t: torch.Tensor, stride) -> torch.Tensor:
+    """t copied into the layout `stride` (the label's gradient as the label came in, token-major from the
+    layer: the sums for its LN parameters stay cheap)."""
+    return t.new_empty_strided(t.shape, stride).copy_(t)
 
 
 class MLPDualScan(torch.autograd.Function):
@@ -208,14 +219,11 @@ class MLPDualScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, XQ, XK, label, A, XK_last, E, w2, training: bool, *weights):
-        ctx.label_stride = label.stride()  # see LinearDualScan.backward
+        ctx.label_stride = label.stride()  # see _strided_like
         XQ, XK, label, A, XK_last, E = (t.contiguous() for t in (XQ, XK, label, A, XK_last, E))
         N = XK.shape[0]
         weights = tuple(None if w is None else _contiguous_copy(w) for w in weights)
-        segments = tuple(
-            None if w is None or not training else w.new_empty(((N + SEGMENT - 1) // SEGMENT,) + w.shape)
-            for w in weights
-        )
+        segments = tuple(None if w is None or not training else _segment_starts(w, N) for w in weights)
         Zbar = torch.empty_like(label)
         for n in range(N):
             if training and n % SEGMENT == 0:
@@ -269,14 +277,10 @@ class MLPDualScan(torch.autograd.Function):
         (W1, W2, b2), (_, x2, _, g2, _, g1, *_) = weights, state
         xk_last, E = inputs[4], inputs[5]
         eg2 = E[..., -1:, :].transpose(-1, -2) * g2  # diag(e) G2
-        out1, out2, out_b2 = out or weights
-        for W, dst, x, y in ((W1, out1, _bh(xk_last), _bh(g1)), (W2, out2, _bh(x2).mT, _bh(eg2))):
-            if dst is W:
-                _bh(W).baddbmm_(x, y, alpha=-1)
-            else:
-                torch.baddbmm(_bh(W), x, y, alpha=-1, out=_bh(dst))
+        _minus_product(W1, xk_last, g1, out and out[0])
+        _minus_product(W2, x2.transpose(-1, -2), eg2, out and out[1])
         if b2 is not None:
-            torch.sub(b2, eg2.sum(-2, keepdim=True), out=out_b2)
+            torch.sub(b2, eg2.sum(-2, keepdim=True), out=b2 if out is None else out[2])
 
     @staticmethod
     def backward(ctx, dZbar, *dweights):
@@ -310,8 +314,7 @@ class MLPDualScan(torch.autograd.Function):
                 if dw2 is not None:
                     dw2 += dw2_n
         dw2 = None if w2 is None else dw2.sum((0, 2)).unsqueeze(1)
-        dlabel = dlabel.new_empty_strided(dlabel.shape, ctx.label_stride).copy_(dlabel)
-        return dXQ, dXK, dlabel, dA, dXK_last, dE, dw2, None, *dweights
+        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dA, dXK_last, dE, dw2, None, *dweights
 
     @staticmethod
     def step_backward(weights, state, inputs, dzbar2, dweights, out):
