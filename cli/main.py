@@ -12,6 +12,7 @@ from pathlib import Path
 
 from omegaconf.errors import OmegaConfBaseException
 
+from ttt_bench.allocator import retain_freed_memory
 from ttt_bench.errors import UserError
 
 SUBCOMMANDS = {
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command not in SUBCOMMANDS:
         fail(f"unknown subcommand '{command}'" + did_you_mean(command, SUBCOMMANDS))
+    retain_freed_memory()
     try:
         dispatch(command, rest)
     except UserError as e:

@@ -239,15 +239,6 @@ class MLPDualScan(torch.autograd.Function):
         return Zbar, *weights
 
     @staticmethod
-    def final_weights(weights, XQ, XK, label, XK_last, E, w2):
-        """Only the weights after the last mini-batch: the forward's steps without the outputs (nor A)."""
-        weights = tuple(None if w is None else _contiguous_copy(w) for w in weights)
-        for n in range(XK.shape[0]):
-            inputs = (XQ[n], XK[n], label[n], None, XK_last[n], E[n], w2)
-            MLPDualScan.update(weights, MLPDualScan.state(weights, *inputs), inputs)
-        return weights
-
-    @staticmethod
     def state(weights, xq, xk, label, a1, xk_last, E, w2):
         """Everything of a mini-batch but its output Zbar2 = Xbar2 W2 + b2 - A2 G2."""
         W1, W2, b2 = weights
