@@ -1,12 +1,12 @@
 """The CPU memory allocator, tuned for training loops (glibc's malloc, Linux).
 
 By default glibc gives large freed blocks back to the operating system (munmap, heap trimming), so the
-next step's tensors of the same sizes fault their pages in again: on a 2-core machine the kernel's time
-spent on those page faults was a third of a training step. `retain_freed_memory()` makes malloc keep what
-it frees for reuse (as jemalloc and tcmalloc do, which PyTorch's CPU performance guide recommends): no
-heap trimming, large blocks from the heap instead of fresh mappings. The resident memory then stays at
-its peak until the process ends. Every `ttt-bench` command applies it on start; TTT_BENCH_RETAIN_MEMORY=0
-turns it off.
+next step's tensors of the same sizes fault their pages in again: on a 2-core machine those page faults
+took about a quarter of a training benchmark's CPU time (docs/speed.md). `retain_freed_memory()` makes
+malloc keep what it frees for reuse (as jemalloc and tcmalloc do, which PyTorch's CPU performance guide
+recommends): no heap trimming, large blocks from the heap instead of fresh mappings. The resident memory
+then stays at its peak until the process ends. Every `ttt-bench` command applies it on start;
+TTT_BENCH_RETAIN_MEMORY=0 turns it off.
 """
 
 import ctypes
