@@ -6,7 +6,8 @@ took about a quarter of a training benchmark's CPU time (docs/speed.md). `retain
 malloc keep what it frees for reuse (as jemalloc and tcmalloc do, which PyTorch's CPU performance guide
 recommends): no heap trimming, large blocks from the heap instead of fresh mappings. The resident memory
 then stays at its peak until the process ends. Every `ttt-bench` command applies it on start;
-TTT_BENCH_RETAIN_MEMORY=0 turns it off.
+TTT_BENCH_RETAIN_MEMORY=0 turns it off. `release_free_memory()` hands the kept memory back at once (the
+benchmarks do before measuring a peak).
 """
 
 import ctypes
@@ -18,15 +19,28 @@ M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
 INT_MAX = 2**31 - 1
 
 
+def _libc():
+    """glibc, or None (macOS, musl, Windows)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
 def retain_freed_memory() -> bool:
     """Tune glibc's malloc to keep freed memory; False where it is off or there is no glibc."""
-    if os.environ.get("TTT_BENCH_RETAIN_MEMORY", "1") == "0":
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows)
+    libc = _libc()
+    if os.environ.get("TTT_BENCH_RETAIN_MEMORY", "1") == "0" or libc is None:
         return False
     return all(
-        mallopt(param, value) == 1
+        libc.mallopt(param, value) == 1
         for param, value in ((M_TRIM_THRESHOLD, INT_MAX), (M_TOP_PAD, 64 << 20), (M_MMAP_MAX, 0))
     )
+
+
+def release_free_memory() -> None:
+    """Return what malloc keeps to the OS now (malloc_trim), so that a measurement's growth is its own."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -2,7 +2,6 @@
 matmul ceiling for MFU, and models built from their configs."""
 
 import argparse
-import ctypes
 import os
 import platform
 import statistics
@@ -12,6 +11,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
+
+from ttt_bench.allocator import release_free_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,14 +78,6 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _release_free_memory() -> None:
-    """Return the allocator's freed pages to the OS (glibc), so that the next phase's growth is its own."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @contextmanager
 def peak_memory(device: torch.device):
     """Yields a dict whose "mb" is set on exit: on CUDA the peak allocated memory of the block; on CPU the
@@ -99,7 +92,7 @@ def peak_memory(device: torch.device):
     if not os.path.exists("/proc/self/statm"):
         yield out
         return
-    _release_free_memory()
+    release_free_memory()
     base, peak, done = _rss_bytes(), [0], threading.Event()
 
     def sample():
