@@ -1,4 +1,5 @@
-"""Shared building blocks against their PyTorch references: the shift-and-add causal conv vs F.conv1d, the
+"""Shared building blocks against their PyTorch references: the causal conv (conv2d on a channels-last view,
+its own backward) vs F.conv1d, the
 complex-number RoPE of the TTT layer vs the rotation written out, RMSNorm vs its formula (float64)."""
 
 import random
@@ -20,19 +21,23 @@ def test_causal_conv_equals_conv1d_in_one_call_and_in_pieces(seed):
     for _ in range(5):
         B, T, C, k = rng.randint(1, 3), rng.randint(1, 24), rng.randint(1, 6), rng.randint(1, 5)
         torch.manual_seed(rng.randint(0, 10**6))
-        conv = CausalConv1d(C, k)
+        conv = CausalConv1d(C, k, bias=rng.random() < 0.8)
+        params = [p for p in (conv.weight, conv.bias) if p is not None]
         x = torch.randn(B, T, C, requires_grad=True)
         ref = F.conv1d(F.pad(x.transpose(1, 2), (k - 1, 0)), conv.weight, conv.bias, groups=C).transpose(1, 2)
         y, _ = conv(x)
         assert rel_err(y, ref) <= 1e-12
         dy = torch.randn_like(y)
-        for a, b in zip(torch.autograd.grad(y, [x, conv.weight, conv.bias], dy),
-                        torch.autograd.grad(ref, [x, conv.weight, conv.bias], dy), strict=True):
+        for a, b in zip(torch.autograd.grad(y, [x, *params], dy),
+                        torch.autograd.grad(ref, [x, *params], dy, retain_graph=True), strict=True):
             assert rel_err(a, b) <= 1e-12
         cut = rng.randint(0, T)  # decoding: the state carries the last k - 1 inputs over
         y1, state = conv(x[:, :cut])
         y2, _ = conv(x[:, cut:], state)
         assert rel_err(torch.cat([y1, y2], 1), ref) <= 1e-12
+        for a, b in zip(torch.autograd.grad(torch.cat([y1, y2], 1), [x, *params], dy),  # through the state
+                        torch.autograd.grad(ref, [x, *params], dy), strict=True):
+            assert rel_err(a, b) <= 1e-12
 
 
 def test_rope_pairs_rotate_adjacent_pairs():

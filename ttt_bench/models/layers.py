@@ -46,44 +46,66 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class CausalConv1d(nn.Conv1d):
     """Depthwise temporal convolution over [B, T, C] that only looks back (the parameters of
     nn.Conv1d(C, C, k, groups=C)). `state`: the last k - 1 inputs of the previous call, [B, k - 1, C].
+    Returns the output [B, T, C] and the state for the next call. Tests compare it with F.conv1d."""
 
-    Computed as k shifted multiply-adds in the token-major layout (`ShiftConv`), which on CPUs is faster
-    than F.conv1d and its transposes; tests compare it with F.conv1d."""
-
-    def __init__(self, channels: int, kernel_size: int):
-        super().__init__(channels, channels, kernel_size, groups=channels, bias=True)
+    def __init__(self, channels: int, kernel_size: int, bias: bool = True):
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=bias)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+        B, T, C = x.shape
         k = self.kernel_size[0] - 1
-        x = F.pad(x, (0, 0, k, 0)) if state is None else torch.cat([state, x], dim=1)
-        y = ShiftConv.apply(x, self.weight[:, 0].to(x.dtype), self.bias.to(x.dtype))
-        return y, x[:, x.shape[1] - k :].clone()
+        history = x.new_zeros(B, k, C) if state is None else state
+        new_state = torch.cat([history, x[:, max(0, T - k) :]], 1)[:, -k:] if k else history
+        if T == 0:
+            return x, new_state
+        weight, bias = self.weight[:, 0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
+        if state is None:  # k zeros on the left: the convolution pads them, no copy of x
+            return DepthwiseConv.apply(x, weight, bias, k), new_state
+        return DepthwiseConv.apply(torch.cat([state, x], 1), weight, bias, 0), new_state
 
 
-class ShiftConv(torch.autograd.Function):
-    """y_t = bias + sum_j weight[:, j] * x_{t + j} for x [B, T + k - 1, C] (left-padded), weight [C, k]."""
+def _as_image(x: torch.Tensor) -> torch.Tensor:
+    """Token-major [B, T, C] as [B, C, T, 1] for conv2d: a view, channels-last when x is contiguous."""
+    return x.unsqueeze(2).permute(0, 3, 1, 2)
+
+
+def _as_tokens(y: torch.Tensor) -> torch.Tensor:
+    """conv2d's [B, C, T, 1] back to token-major [B, T, C], a view."""
+    return y[..., 0].transpose(1, 2)
+
+
+class DepthwiseConv(torch.autograd.Function):
+    """y_t = bias + sum_j weight[:, j] * x_{t + j - pad} for x [B, T_in, C] (token-major), weight [C, k]:
+    with pad = k - 1 (zeros on the left) the causal convolution of x; with pad = 0, x holds the k - 1
+    inputs before the first output.
+
+    The token-major layout is the channels-last layout of a [B, C, T, 1] image, so conv2d runs on views
+    (oneDNN's depthwise kernel on CPUs, 8x faster than k shifted multiply-adds) for the output and for the
+    input's gradient (the same convolution of dy with the kernel flipped). The weight's gradient is k
+    products summed over batch and time (`vecdot`): conv2d's own is 4x slower in this layout.
+    """
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        k, T = weight.shape[1], x.shape[1] - weight.shape[1] + 1
-        y = torch.addcmul(bias, x[:, k - 1 :], weight[:, k - 1])
-        for j in range(k - 1):
-            y.addcmul_(x[:, j : j + T], weight[:, j])
+    def forward(ctx, x, weight, bias, pad: int):
+        C, k = weight.shape
         ctx.save_for_backward(x, weight)
-        return y
+        ctx.pad = pad
+        y = F.conv2d(_as_image(x.contiguous()), weight[:, None, :, None], bias, padding=(pad, 0), groups=C)
+        return _as_tokens(y)[:, : x.shape[1] + pad - k + 1]
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        k, T = weight.shape[1], dy.shape[1]
-        dx = torch.empty_like(x)
-        torch.mul(dy, weight[:, 0], out=dx[:, :T])
-        dx[:, T:].zero_()
-        for j in range(1, k):
-            dx[:, j : j + T].addcmul_(dy, weight[:, j])
-        # sum over (B, T) of dy * x shifted, without a [B, T, C] temporary per tap
-        dweight = torch.stack([torch.linalg.vecdot(dy, x[:, j : j + T], dim=1).sum(0) for j in range(k)], -1)
-        return dx, dweight, dy.sum((0, 1))
+        (C, k), pad, T_in, T = weight.shape, ctx.pad, x.shape[1], dy.shape[1]
+        dy = dy.contiguous()
+        # dx_s = sum_j weight_j dy_{s + pad - j}: dy convolved with the flipped kernel, k - 1 zeros each side
+        flipped = weight.flip(1)[:, None, :, None]
+        dx = _as_tokens(F.conv2d(_as_image(dy), flipped, padding=(k - 1, 0), groups=C))[:, pad : pad + T_in]
+        dweight = []  # sum over (B, t) of dy_t x_{t + j - pad}, without a [B, T, C] temporary per tap
+        for j in range(k):
+            lo, hi = max(0, pad - j), min(T, T_in + pad - j)
+            dweight.append(torch.linalg.vecdot(dy[:, lo:hi], x[:, lo + j - pad : hi + j - pad], dim=1).sum(0))
+        return dx, torch.stack(dweight, -1), dy.sum((0, 1)) if ctx.needs_input_grad[2] else None, None
 
 
 class SwiGLU(nn.Module):

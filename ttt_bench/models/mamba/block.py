@@ -23,7 +23,7 @@ from torch import nn
 
 from ttt_bench.errors import UserError
 
-from ..layers import RMSNorm
+from ..layers import CausalConv1d, RMSNorm
 from .scan import selective_scan
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def _log_backend(name: str) -> None:
 
 @dataclass
 class MambaCache:
-    conv: torch.Tensor  # [B, d_inner, d_conv - 1]: the last inputs of the causal convolution
+    conv: torch.Tensor  # [B, d_conv - 1, d_inner]: the last inputs of the causal convolution
     ssm: torch.Tensor  # [B, d_inner, d_state]
 
 
@@ -74,8 +74,7 @@ class Mamba(nn.Module):
         self.backend, self.chunk_size = backend, chunk_size
 
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
-        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner, padding=d_conv - 1,
-                                bias=conv_bias)
+        self.conv1d = CausalConv1d(self.d_inner, d_conv, bias=conv_bias)  # nn.Conv1d's parameters
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
         self.A_log = nn.Parameter(torch.empty(self.d_inner, d_state))
@@ -114,16 +113,11 @@ class Mamba(nn.Module):
         return self._forward_torch(x, cache)
 
     def _forward_torch(self, x: torch.Tensor, cache: MambaCache | None) -> torch.Tensor:
-        T = x.shape[1]
         xs, z = self.in_proj(x).chunk(2, dim=-1)
-        xs = xs.transpose(1, 2)  # [B, d_inner, T] for the depthwise causal convolution
-        if cache is None:
-            xs = self.conv1d(xs)[..., :T]
-        else:
-            xs = torch.cat([cache.conv, xs], dim=-1)
-            cache.conv = xs[..., xs.shape[-1] - (self.d_conv - 1):]
-            xs = F.conv1d(xs, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
-        xs = F.silu(xs).transpose(1, 2)
+        xs, conv_state = self.conv1d(xs, None if cache is None else cache.conv)
+        if cache is not None:
+            cache.conv = conv_state
+        xs = F.silu(xs)
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         y = selective_scan(xs, F.linear(dt, self.dt_proj.weight), -torch.exp(self.A_log.float()), B, C,
                            self.D.float(), z, delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
@@ -142,8 +136,8 @@ class Mamba(nn.Module):
                               delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
 
     def init_cache(self, batch_size: int, device=None, dtype=None) -> MambaCache:
-        zeros = lambda k: torch.zeros(batch_size, self.d_inner, k, device=device, dtype=dtype)
-        return MambaCache(conv=zeros(self.d_conv - 1), ssm=zeros(self.d_state))
+        zeros = lambda *shape: torch.zeros(batch_size, *shape, device=device, dtype=dtype)
+        return MambaCache(conv=zeros(self.d_conv - 1, self.d_inner), ssm=zeros(self.d_inner, self.d_state))
 
 
 class MambaBlock(nn.Module):
