@@ -26,6 +26,8 @@ Mini-batch n starts from the weights W_n; with E = tril(eta) and e its last row 
                 W1 -= XK^T diag(e) G1,  W2 -= X2^T diag(e) G2,  b2 -= e^T G2
 """
 
+from typing import NamedTuple
+
 import torch
 
 from . import learner
@@ -81,11 +83,11 @@ def _dual(scan, weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_e
         if bias:  # x -> [x, 1]
             Xq, Xk = (torch.cat([x, torch.ones_like(x[..., :1])], -1) for x in (Xq, Xk))
         E = eta.tril()  # the mask: token t only sees s <= t
-        XK_last = (E[..., -1:, :].transpose(-1, -2) * Xk).transpose(-1, -2)  # XK^T diag(e)
+        XKe = E[..., -1:, :].transpose(-1, -2) * Xk  # diag(e) XK: the update is W - XKe^T G
         if not outputs:
-            return None, tuple(scan.final_weights(weights, Xq, Xk, label, XK_last, E, w2))
+            return None, tuple(scan.final_weights(weights, Xq, Xk, label, XKe, E, w2))
         A = E * (Xq @ Xk.transpose(-1, -2))  # with the bias: E * (XQ XK^T + 1)
-        Zbar, weights = scan.run(Xq, Xk, label, A, XK_last, E, w2, torch.is_grad_enabled(), *weights)
+        Zbar, weights = scan.run(Xq, Xk, label, A, XKe, E, w2, torch.is_grad_enabled(), *weights)
         Z = Zbar.permute(1, 0, 3, 2, 4).contiguous().permute(0, 3, 1, 2, 4)  # [B, H, N, b, f], token-major
         return (XQ + learner.layer_norm(Z, ln_w, ln_b) if ln else Z), tuple(weights)
 
@@ -96,26 +98,26 @@ class LinearDualScan(torch.autograd.Function):
     """TTT-Linear: only the recurrence of the weights runs mini-batch by mini-batch, with a handful of ops
     per mini-batch written into preallocated buffers; the rest is batched over all mini-batches.
 
-    The Function maps (XQ, XK, label, XK_last, w2, W) to (ZQ, G, W_N): ZQ_n = XQ_n W_n and G_n the LN-L2
+    The Function maps (XQ, XK, label, XKe, w2, W) to (ZQ, G, W_N): ZQ_n = XQ_n W_n and G_n the LN-L2
     gradient at XK_n W_n, for every n, and the weights after the last mini-batch. The outputs Zbar = ZQ - A G
     (Equation 8) are formed by autograd outside (`run`), which hands the backward dZQ = dZbar and
     dG = -A^T dZbar. The backward then walks the mini-batches in reverse carrying dW (the gradient of the
-    next mini-batch's W); per mini-batch only what depends on dW: dG += -XK_last^T dW, the LN-L2 gradient's
+    next mini-batch's W); per mini-batch only what depends on dW: dG += -XKe dW, the LN-L2 gradient's
     backward, and the products with W. What only needs dG (the label's and LN weight's gradients) is batched
     after the walk. It keeps every G and XK W (as small as an input) and every SEGMENT-th W, recomputing the
     others a segment at a time.
     """
 
     @classmethod
-    def run(cls, XQ, XK, label, A, XK_last, E, w2, training: bool, W):
-        ZQ, G, W = cls.apply(XQ, XK, label, XK_last, w2, training, W)
+    def run(cls, XQ, XK, label, A, XKe, E, w2, training: bool, W):
+        ZQ, G, W = cls.apply(XQ, XK, label, XKe, w2, training, W)
         Zbar = torch.baddbmm(ZQ.flatten(0, 2), A.flatten(0, 2), G.flatten(0, 2), alpha=-1)  # ZQ - A G
         return Zbar.view_as(ZQ), (W,)
 
     @staticmethod
-    def forward(ctx, XQ, XK, label, XK_last, w2, training: bool, W):
+    def forward(ctx, XQ, XK, label, XKe, w2, training: bool, W):
         ctx.label_stride = label.stride()  # see _strided_like
-        XQ, XK, label, XK_last = (t.contiguous() for t in (XQ, XK, label, XK_last))
+        XQ, XK, label, XKe = (t.contiguous() for t in (XQ, XK, label, XKe))
         N, f = XK.shape[0], label.shape[-1]
         ZQ, ZK, G = (XK.new_empty(XK.shape[:-1] + (f,)) for _ in range(3))
         W = _contiguous_copy(W)
@@ -126,41 +128,41 @@ class LinearDualScan(torch.autograd.Function):
             torch.bmm(_bh(XK[n]), _bh(W), out=_bh(ZK[n]))
             torch.bmm(_bh(XQ[n]), _bh(W), out=_bh(ZQ[n]))
             G[n] = learner.ln_l2_grad(ZK[n], w2, label[n])
-            _minus_product(W, XK_last[n], G[n])  # W_{n+1} = W_n - XK^T diag(e) G, in place
+            _minus_product(W, XKe[n].mT, G[n])  # W_{n+1} = W_n - XK^T diag(e) G, in place
         if training:
-            ctx.save_for_backward(XQ, XK, label, XK_last, w2, ZK, G, segments)
+            ctx.save_for_backward(XQ, XK, label, XKe, w2, ZK, G, segments)
         return ZQ, G, W
 
     @staticmethod
-    def final_weights(weights, XQ, XK, label, XK_last, E, w2):
+    def final_weights(weights, XQ, XK, label, XKe, E, w2):
         """Only the weights after the last mini-batch (no outputs, no gradients)."""
         W = _contiguous_copy(weights[0])
         for n in range(XK.shape[0]):
-            _minus_product(W, XK_last[n], learner.ln_l2_grad(XK[n] @ W, w2, label[n]))
+            _minus_product(W, XKe[n].mT, learner.ln_l2_grad(XK[n] @ W, w2, label[n]))
         return (W,)
 
     @staticmethod
     def backward(ctx, dZQ, dG, dW):
-        XQ, XK, label, XK_last, w2, ZK, G, segments = ctx.saved_tensors
+        XQ, XK, label, XKe, w2, ZK, G, segments = ctx.saved_tensors
         N = XK.shape[0]
         dZQ = torch.zeros_like(G) if dZQ is None else dZQ.contiguous()
         dG = torch.zeros_like(G) if dG is None else dG.contiguous()
-        dG_total = torch.empty_like(G)  # dG_n - XK_last_n^T dW_{n+1}: G_n's gradient through both paths
+        dG_total = torch.empty_like(G)  # dG_n - XKe_n dW_{n+1}: G_n's gradient through both paths
         dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
-        dXQ, dXK, dXK_last = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XK_last)
+        dXQ, dXK, dXKe = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XKe)
         ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
         Ws = torch.empty((SEGMENT,) + dW.shape, dtype=dW.dtype, device=dW.device)
         for first in reversed(range(0, N, SEGMENT)):
             last = min(first + SEGMENT, N)
             Ws[0] = segments[first // SEGMENT]  # recompute the segment's W's
             for n in range(first, last - 1):
-                _minus_product(Ws[n - first], XK_last[n], G[n], out=Ws[n - first + 1])
+                _minus_product(Ws[n - first], XKe[n].mT, G[n], out=Ws[n - first + 1])
             for n in reversed(range(first, last)):
                 W = _bh(Ws[n - first])
-                # W_{n+1} = W_n - XK_last_n G_n: dXK_last_n = -dW G_n^T (negated below),
-                # and G_n's gradient through both paths: dG_n - XK_last_n^T dW
-                torch.bmm(_bh(dW), _bh(G[n]).mT, out=_bh(dXK_last[n]))
-                torch.baddbmm(_bh(dG[n]), _bh(XK_last[n]).mT, _bh(dW), alpha=-1, out=_bh(dG_total[n]))
+                # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (negated below),
+                # and G_n's gradient through both paths: dG_n - XKe_n dW
+                torch.bmm(_bh(G[n]), _bh(dW).mT, out=_bh(dXKe[n]))
+                torch.baddbmm(_bh(dG[n]), _bh(XKe[n]), _bh(dW), alpha=-1, out=_bh(dG_total[n]))
                 dZK = ln_l2.dz(dG_total[n], n)
                 # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
                 _bh(dW).baddbmm_(_bh(XQ[n]).mT, _bh(dZQ[n])).baddbmm_(_bh(XK[n]).mT, _bh(dZK))
@@ -168,7 +170,7 @@ class LinearDualScan(torch.autograd.Function):
                 torch.bmm(_bh(dZK), W.mT, out=_bh(dXK[n]))
         dlabel = ln_l2.dc(dG_total)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
-        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dXK_last.neg_(), dw2, None, dW
+        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dXKe.neg_(), dw2, None, dW
 
 
 def _bh(t: torch.Tensor) -> torch.Tensor:
@@ -201,15 +203,32 @@ def _strided_like(t: torch.Tensor, stride) -> torch.Tensor:
     return t.new_empty_strided(t.shape, stride).copy_(t)
 
 
+class MLPState(NamedTuple):
+    """A TTT-MLP mini-batch: what its output, its weights' update and its backward need."""
+
+    z1: torch.Tensor  # XK W1
+    x2: torch.Tensor  # gelu(Z1)
+    dgelu1: torch.Tensor  # gelu'(Z1)
+    z2: torch.Tensor  # X2 W2 + b2
+    g2: torch.Tensor  # the LN-L2 gradient at Z2
+    h: torch.Tensor  # G2 W2^T
+    g1: torch.Tensor  # H * gelu'(Z1)
+    zbar1: torch.Tensor  # XQ W1 - A1 G1
+    xbar2: torch.Tensor  # gelu(Zbar1)
+    m2: torch.Tensor  # Xbar2 X2^T
+    a2: torch.Tensor  # E * (M2 + 1)
+
+
 class MLPDualScan(torch.autograd.Function):
     """TTT-MLP: weights (W1, W2, b2), W1 [B, H, d, 4f] with b1 as its last row, b2 possibly None. Inputs,
     mini-batch-major: XQ, XK [N, B, H, b, d]; label [N, B, H, b, f]; A [N, B, H, b, b] = E * (XQ XK^T);
-    XK_last [N, B, H, d, b] = XK^T diag(e); E = tril(eta); w2 [H, 1, f] = ln_w^2 (None without LN).
+    XKe [N, B, H, b, d] = diag(e) XK; E = tril(eta); w2 [H, 1, f] = ln_w^2 (None without LN).
 
     A mini-batch's output depends on its weights through GELU, so all of it runs in the loop. Weights and
     their gradients are updated in place (a weight-sized temporary costs more than the matmul that fills
-    it). The states are 4f wide: the forward keeps only every SEGMENT-th weights, and the backward
-    recomputes a segment's weights and states before walking it in reverse.
+    it). The forward keeps every mini-batch's state (`MLPState`, about 25x its inputs; the layer's
+    checkpoint_every bounds it) but only every SEGMENT-th weights (each 4f wide): the backward recomputes a
+    segment's weights from the kept states before walking it in reverse.
     """
 
     @classmethod
@@ -218,108 +237,105 @@ class MLPDualScan(torch.autograd.Function):
         return Zbar, weights
 
     @staticmethod
-    def forward(ctx, XQ, XK, label, A, XK_last, E, w2, training: bool, *weights):
+    def forward(ctx, XQ, XK, label, A, XKe, E, w2, training: bool, *weights):
         ctx.label_stride = label.stride()  # see _strided_like
-        XQ, XK, label, A, XK_last, E = (t.contiguous() for t in (XQ, XK, label, A, XK_last, E))
+        XQ, XK, label, A, XKe, E = (t.contiguous() for t in (XQ, XK, label, A, XKe, E))
         N = XK.shape[0]
         weights = tuple(None if w is None else _contiguous_copy(w) for w in weights)
         segments = tuple(None if w is None or not training else _segment_starts(w, N) for w in weights)
-        Zbar = torch.empty_like(label)
+        Zbar, states = torch.empty_like(label), []
         for n in range(N):
             if training and n % SEGMENT == 0:
                 for segment, w in zip(segments, weights, strict=True):
                     if w is not None:
                         segment[n // SEGMENT] = w
-            inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-            state = MLPDualScan.state(weights, *inputs)
+            state = MLPDualScan.state(weights, XQ[n], XK[n], label[n], A[n], E[n], w2)
             MLPDualScan.output(weights, state, out=Zbar[n])
-            MLPDualScan.update(weights, state, inputs)  # in place
+            MLPDualScan.update(weights, state, XKe[n], E[n])  # in place
+            if training:
+                states.extend(state)
         if training:
-            ctx.save_for_backward(XQ, XK, label, A, XK_last, E, w2, *segments)
+            ctx.save_for_backward(XQ, XK, label, A, XKe, E, w2, *segments, *states)
         return Zbar, *weights
 
     @staticmethod
-    def state(weights, xq, xk, label, a1, xk_last, E, w2):
+    def state(weights, xq, xk, label, a1, E, w2) -> MLPState:
         """Everything of a mini-batch but its output Zbar2 = Xbar2 W2 + b2 - A2 G2."""
         W1, W2, b2 = weights
         z1 = xk @ W1
-        x2 = learner.gelu(z1)
+        x2, dgelu1 = learner.gelu_and_grad(z1)
         z2 = x2 @ W2 if b2 is None else x2 @ W2 + b2
         g2 = learner.ln_l2_grad(z2, w2, label)
         h = g2 @ W2.transpose(-1, -2)
-        g1 = gelu_backward(h, z1, approximate="tanh")  # G1 = (G2 W2^T) * gelu'(Z1)
+        g1 = h * dgelu1  # G1 = (G2 W2^T) * gelu'(Z1)
         zbar1 = _bh(xq @ W1).baddbmm_(_bh(a1), _bh(g1), alpha=-1).view_as(z1)  # XQ W1 - A1 G1
         xbar2 = learner.gelu(zbar1)
         m2 = xbar2 @ x2.transpose(-1, -2)
         a2 = E * (m2 if b2 is None else m2 + 1)
-        return z1, x2, z2, g2, h, g1, zbar1, xbar2, m2, a2
+        return MLPState(z1, x2, dgelu1, z2, g2, h, g1, zbar1, xbar2, m2, a2)
 
     @staticmethod
-    def output(weights, state, out):
-        (_, W2, b2), (*_, g2, _, _, _, xbar2, _, a2) = weights, state
-        torch.bmm(_bh(xbar2), _bh(W2), out=_bh(out)).baddbmm_(_bh(a2), _bh(g2), alpha=-1)
+    def output(weights, state: MLPState, out):
+        _, W2, b2 = weights
+        torch.bmm(_bh(state.xbar2), _bh(W2), out=_bh(out)).baddbmm_(_bh(state.a2), _bh(state.g2), alpha=-1)
         if b2 is not None:
             out += b2
 
     @staticmethod
-    def update(weights, state, inputs, out=None):
-        """The weights after the mini-batch, W1 - XK_last G1, W2 - X2^T diag(e) G2, b2 - e^T G2: into
+    def update(weights, state: MLPState, xke, E, out=None):
+        """The weights after the mini-batch, W1 - XKe^T G1, W2 - X2^T diag(e) G2, b2 - e^T G2: into
         `out`, or in place."""
-        (W1, W2, b2), (_, x2, _, g2, _, g1, *_) = weights, state
-        xk_last, E = inputs[4], inputs[5]
-        eg2 = E[..., -1:, :].transpose(-1, -2) * g2  # diag(e) G2
-        _minus_product(W1, xk_last, g1, out and out[0])
-        _minus_product(W2, x2.transpose(-1, -2), eg2, out and out[1])
+        W1, W2, b2 = weights
+        eg2 = E[..., -1:, :].transpose(-1, -2) * state.g2  # diag(e) G2
+        _minus_product(W1, xke.mT, state.g1, out and out[0])
+        _minus_product(W2, state.x2.transpose(-1, -2), eg2, out and out[1])
         if b2 is not None:
             torch.sub(b2, eg2.sum(-2, keepdim=True), out=b2 if out is None else out[2])
 
     @staticmethod
     def backward(ctx, dZbar, *dweights):
-        XQ, XK, label, A, XK_last, E, w2, *segments = ctx.saved_tensors
-        N = XK.shape[0]
+        XQ, XK, label, A, XKe, E, w2, *saved = ctx.saved_tensors
+        N, k = XK.shape[0], len(MLPState._fields)
+        segments, saved = saved[:3], saved[3:]
+        states = [MLPState(*saved[i : i + k]) for i in range(0, len(saved), k)]
         dZbar = torch.zeros_like(label) if dZbar is None else dZbar.contiguous()
         dweights = tuple(  # the gradients of the next mini-batch's weights, carried in place
             None if s is None else torch.zeros_like(s[0]) if d is None else _contiguous_copy(d)
             for s, d in zip(segments, dweights, strict=True)
         )
-        dXQ, dXK, dA, dXK_last, dE, dlabel = map(torch.empty_like, (XQ, XK, A, XK_last, E, label))
+        dXQ, dXK, dA, dXKe, dE, dlabel = map(torch.empty_like, (XQ, XK, A, XKe, E, label))
         dw2 = None if w2 is None else torch.zeros_like(dZbar[0])  # summed over mini-batches, then tokens
         Ws = tuple(None if s is None else s.new_empty((SEGMENT,) + s.shape[1:]) for s in segments)
-        for first in reversed(range(0, N, SEGMENT)):  # recompute the segment's weights and states
-            last, states = min(first + SEGMENT, N), []
+        at = lambda i: tuple(None if W is None else W[i] for W in Ws)  # the weights of the i-th in a segment
+        for first in reversed(range(0, N, SEGMENT)):  # recompute the segment's weights
+            last = min(first + SEGMENT, N)
             for W, s in zip(Ws, segments, strict=True):
                 if W is not None:
                     W[0] = s[first // SEGMENT]
-            for n in range(first, last):
-                weights = tuple(None if W is None else W[n - first] for W in Ws)
-                inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-                states.append(MLPDualScan.state(weights, *inputs))
-                if n + 1 < last:
-                    MLPDualScan.update(weights, states[-1], inputs,
-                                       out=tuple(None if W is None else W[n - first + 1] for W in Ws))
+            for n in range(first, last - 1):
+                MLPDualScan.update(at(n - first), states[n], XKe[n], E[n], out=at(n - first + 1))
             for n in reversed(range(first, last)):
-                weights = tuple(None if W is None else W[n - first] for W in Ws)
-                inputs = (XQ[n], XK[n], label[n], A[n], XK_last[n], E[n], w2)
-                dw2_n = MLPDualScan.step_backward(weights, states.pop(), inputs, dZbar[n], dweights,
-                                                  out=(dXQ[n], dXK[n], dA[n], dXK_last[n], dE[n], dlabel[n]))
+                inputs = (XQ[n], XK[n], label[n], A[n], XKe[n], E[n], w2)
+                dw2_n = MLPDualScan.step_backward(at(n - first), states[n], inputs, dZbar[n], dweights,
+                                                  out=(dXQ[n], dXK[n], dA[n], dXKe[n], dE[n], dlabel[n]))
                 if dw2 is not None:
                     dw2 += dw2_n
         dw2 = None if w2 is None else dw2.sum((0, 2)).unsqueeze(1)
-        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dA, dXK_last, dE, dw2, None, *dweights
+        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dA, dXKe, dE, dw2, None, *dweights
 
     @staticmethod
-    def step_backward(weights, state, inputs, dzbar2, dweights, out):
+    def step_backward(weights, state: MLPState, inputs, dzbar2, dweights, out):
         """One mini-batch in reverse: writes the gradients of its inputs into `out` and turns `dweights`
         (the next mini-batch's weights' gradients) into its own, in place; returns the terms of dw2."""
         (W1, W2, b2), (dW1, dW2, db2) = weights, dweights
-        xq, xk, label, a1, xk_last, E, w2 = inputs
-        z1, x2, z2, g2, h, g1, zbar1, xbar2, m2, a2 = state
-        dxq, dxk, da1, dxk_last, dE, dlabel = out
+        xq, xk, label, a1, xke, E, w2 = inputs
+        z1, x2, dgelu1, z2, g2, h, g1, zbar1, xbar2, m2, a2 = state
+        dxq, dxk, da1, dxke, dE, dlabel = out
         T = lambda t: t.transpose(-1, -2)
         e = T(E[..., -1:, :])
-        # the weights' updates: W1 -= XK_last G1, W2 -= X2^T diag(e) G2, b2 -= e^T G2
-        torch.bmm(_bh(dW1), _bh(g1).mT, out=_bh(dxk_last)).neg_()
-        dg1 = (T(xk_last) @ dW1).neg_()
+        # the weights' updates: W1 -= XKe^T G1, W2 -= X2^T diag(e) G2, b2 -= e^T G2
+        torch.bmm(_bh(g1), _bh(dW1).mT, out=_bh(dxke)).neg_()
+        dg1 = (xke @ dW1).neg_()
         deg2 = (x2 @ dW2).neg_() if db2 is None else (x2 @ dW2).neg_().sub_(db2)
         dx2 = ((e * g2) @ T(dW2)).neg_()
         dg2 = e * deg2
@@ -339,8 +355,8 @@ class MLPDualScan(torch.autograd.Function):
         torch.bmm(_bh(dzbar1), _bh(g1).mT, out=_bh(da1)).neg_()
         _bh(dg1).baddbmm_(_bh(a1).mT, _bh(dzbar1), alpha=-1)
         # G1 = H * gelu'(Z1), H = G2 W2^T
-        dh = gelu_backward(dg1, z1, approximate="tanh")
-        dz1 = dg1 * h * learner.gelu_grad2(z1)
+        dh = dg1 * dgelu1
+        dz1 = dg1.mul_(h).mul_(learner.gelu_grad2(z1))
         _bh(dg2).baddbmm_(_bh(dh), _bh(W2))
         # G2 = LN-L2 gradient at Z2 = X2 W2 + b2, X2 = gelu(Z1), Z1 = XK W1
         ln_l2 = learner.LNL2GradBackward(z2, g2, w2, label)
@@ -348,7 +364,7 @@ class MLPDualScan(torch.autograd.Function):
         dz2 = ln_l2.dz(dg2, dc=dc)
         dlabel.copy_(dc)
         _bh(dx2).baddbmm_(_bh(dz2), _bh(W2).mT)
-        dz1 += gelu_backward(dx2, z1, approximate="tanh")
+        dz1.addcmul_(dx2, dgelu1)
         torch.bmm(_bh(dz1), _bh(W1).mT, out=_bh(dxk))
         # this mini-batch's weights' gradients, in place
         for x, dz in ((xbar2, dzbar2), (dh, g2), (x2, dz2)):
