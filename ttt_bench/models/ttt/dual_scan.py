@@ -14,7 +14,7 @@ function arranged for speed, each learner an autograd Function with a hand-writt
   weight-sized temporary costs more than the matmul that fills it;
 - the backward walks the mini-batches in reverse with the gradient of the weights; it keeps only every
   SEGMENT-th weights and recomputes the others a segment at a time with the forward's own ops
-  (N W's would take far more memory than the inputs).
+  (N W's would take far more memory than the inputs); TTT-MLP keeps every mini-batch's other state.
 
 Mini-batch n starts from the weights W_n; with E = tril(eta) and e its last row (as a column):
 
