@@ -9,14 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import rel_err
+from ttt_bench.models import layers
 from ttt_bench.models.layers import CausalConv1d, RMSNorm, rope_cos_sin, rope_freqs
 from ttt_bench.models.ttt.layer import apply_rope_pairs
 
 pytestmark = pytest.mark.usefixtures("float64_one_thread")
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["conv2d", "direct"])
 @pytest.mark.parametrize("seed", range(4))
-def test_causal_conv_equals_conv1d_in_one_call_and_in_pieces(seed):
+def test_causal_conv_equals_conv1d_in_one_call_and_in_pieces(seed, direct, monkeypatch):
+    monkeypatch.setattr(layers, "DIRECT_MAX_TOKENS", 10**9 if direct else 0)  # a few tokens, or conv2d
     rng = random.Random(seed)
     for _ in range(5):
         B, T, C, k = rng.randint(1, 3), rng.randint(1, 24), rng.randint(1, 6), rng.randint(1, 5)
