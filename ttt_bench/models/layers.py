@@ -49,24 +49,27 @@ DIRECT_MAX_TOKENS = 32  # up to B * T tokens (decoding), CausalConv1d takes k pr
 class CausalConv1d(nn.Conv1d):
     """Depthwise temporal convolution over [B, T, C] that only looks back (the parameters of
     nn.Conv1d(C, C, k, groups=C)). `state`: the last k - 1 inputs of the previous call, [B, k - 1, C].
-    Returns the output [B, T, C] and the state for the next call. Tests compare it with F.conv1d."""
+    Returns the output [B, T, C] and the state for the next call. Runs `DepthwiseConv` (conv2d on a
+    channels-last view), or for a few tokens (decoding) each output's window of inputs times the kernel.
+    Tests compare both with F.conv1d."""
 
     def __init__(self, channels: int, kernel_size: int, bias: bool = True):
         super().__init__(channels, channels, kernel_size, groups=channels, bias=bias)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
         B, T, C = x.shape
-        k = self.kernel_size[0] - 1
-        history = x.new_zeros(B, k, C) if state is None else state
-        new_state = torch.cat([history, x[:, max(0, T - k) :]], 1)[:, -k:] if k else history
+        k = self.kernel_size[0]
+        history = x.new_zeros(B, k - 1, C) if state is None else state  # the k - 1 inputs before x
+        recent = torch.cat([history, x[:, max(0, T - k + 1) :]], 1)
+        new_state = recent[:, recent.shape[1] - (k - 1) :]
         if T == 0:
             return x, new_state
         weight, bias = self.weight[:, 0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        if B * T <= DIRECT_MAX_TOKENS:  # each output: its window of k + 1 inputs times the kernel
-            y = torch.linalg.vecdot(torch.cat([history, x], 1).unfold(1, k + 1, 1), weight)
+        if B * T <= DIRECT_MAX_TOKENS:  # each output: its window of k inputs times the kernel
+            y = torch.linalg.vecdot(torch.cat([history, x], 1).unfold(1, k, 1), weight)
             return (y if bias is None else y + bias), new_state
-        if state is None:  # k zeros on the left: the convolution pads them, no copy of x
-            return DepthwiseConv.apply(x, weight, bias, k), new_state
+        if state is None:  # k - 1 zeros on the left: the convolution pads them, no copy of x
+            return DepthwiseConv.apply(x, weight, bias, k - 1), new_state
         return DepthwiseConv.apply(torch.cat([state, x], 1), weight, bias, 0), new_state
 
 
