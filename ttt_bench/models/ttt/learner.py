@@ -39,7 +39,7 @@ def gelu(x: torch.Tensor) -> torch.Tensor:
 
 def gelu_and_grad(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """gelu(x) and gelu'(x) from one sigmoid s = sigmoid(v), v = C (x + A x^3): gelu' = s + x s (1 - s) v'.
-    For the dual scans' hand-written backward (in place, not differentiable)."""
+    For the dual scans' hand-written backward (in-place ops on its temporaries: not differentiable)."""
     xx = x * x
     s = torch.sigmoid(xx.mul(GELU_A * GELU_C).add_(GELU_C).mul_(x))
     ds = s - s * s
@@ -55,7 +55,8 @@ def gelu_grad(x: torch.Tensor) -> torch.Tensor:
 
 def gelu_grad2(x: torch.Tensor) -> torch.Tensor:
     """d^2 gelu(x) / dx^2 (the TTT-MLP dual form's backward needs it): with t = tanh(u),
-    u = c (x + 0.044715 x^3), it is (1 - t^2) (u' - x t u'^2 + x u'' / 2). In place, not differentiable."""
+    u = c (x + 0.044715 x^3), it is (1 - t^2) (u' - x t u'^2 + x u'' / 2). In-place ops on its temporaries:
+    not differentiable."""
     c, a = math.sqrt(2.0 / math.pi), GELU_A
     xx = x * x
     tanh = torch.tanh(xx.mul(a * c).add_(c).mul_(x))
