@@ -5,7 +5,9 @@ function arranged for speed, each learner an autograd Function with a hand-writt
 - everything that does not depend on the weights (the masked eta * (XQ XK^T + 1), eta's last row, the
   labels) is computed for all mini-batches in one batched op before the scan, the output LayerNorm after;
   for TTT-Linear also Zbar = XQ W - A G (from the per-mini-batch XQ W and G) and, in the backward, every
-  part of the LN-L2 gradient's backward that does not depend on the carried gradient of W;
+  part of the LN-L2 gradient's backward that does not depend on the carried gradient of W. TTT-Linear's
+  Function (`LinearDual`) covers these batched parts too, with their gradients batched and accumulated in
+  place; TTT-MLP's (`MLPDualScan`, the loop alone) leaves them to autograd;
 - the bias of the first layer is the row of W for a feature that is always 1;
 - the scan runs mini-batch-major ([N, B, H, ...]) so that every mini-batch it reads or writes is
   contiguous; Z comes back token-major (laid out [B, N, b, H, f], as the layer's projections), where the
@@ -50,10 +52,21 @@ def ttt_linear_dual(
     and W_last, b_last: the weights after the last mini-batch. outputs=False computes only the weights
     (Z is None; Figure 8 right times the W's alone), without gradients.
     """
-    f = XQ.shape[-1]
+    f, bias = XQ.shape[-1], b is not None
     W = W if b is None else torch.cat([W, b], -2)
-    ln, bias = (ln_weight, ln_bias), b is not None
-    Z, (W,) = _dual(LinearDualScan, (W,), XQ, XK, XV, eta, bias, *ln, checkpoint_every, outputs)
+    if not outputs:
+        with torch.no_grad():
+            Xq, Xk, label, _, XKe, w2, _ = LinearDual.inputs(XQ, XK, XV, eta, ln_weight, ln_bias, bias)
+            W = LinearDual.final_weights(W, Xq, Xk, label, XKe, w2)
+        Z = None
+    else:
+
+        def run(weights, XQ, XK, XV, eta):
+            training = torch.is_grad_enabled()
+            Z, W = LinearDual.apply(XQ, XK, XV, eta, *weights, ln_weight, ln_bias, bias, training)
+            return Z, (W,)
+
+        Z, (W,) = in_groups(run, (W,), (XQ, XK, XV, eta), checkpoint_every)
     return (Z, W, None) if b is None else (Z, W[..., :f, :], W[..., f:, :])
 
 
@@ -63,15 +76,14 @@ def ttt_mlp_dual(XQ, XK, XV, eta, W1, b1, W2, b2, ln_weight, ln_bias, *, checkpo
     Returns Z and the weights after the last mini-batch (W1, b1, W2, b2)."""
     f = XQ.shape[-1]
     W1 = W1 if b1 is None else torch.cat([W1, b1], -2)
-    Z, (W1, W2, b2) = _dual(
-        MLPDualScan, (W1, W2, b2), XQ, XK, XV, eta, b1 is not None, ln_weight, ln_bias, checkpoint_every
-    )
+    Z, (W1, W2, b2) = _mlp_dual((W1, W2, b2), XQ, XK, XV, eta, b1 is not None, ln_weight, ln_bias,
+                                checkpoint_every)
     return Z, W1[..., :f, :], None if b1 is None else W1[..., f:, :], W2, b2
 
 
-def _dual(scan, weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every: int, outputs=True):
-    """The parts of the dual form that do not depend on the weights, around `scan` (an autograd Function),
-    with gradient checkpointing through time (forms.in_groups)."""
+def _mlp_dual(weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every: int):
+    """The parts of TTT-MLP's dual form that do not depend on the weights, through autograd, around
+    `MLPDualScan`, with gradient checkpointing through time (forms.in_groups)."""
     ln = ln_weight is not None
     ln_w, ln_b = (ln_weight.unsqueeze(-2), ln_bias.unsqueeze(-2)) if ln else (None, None)  # [H, 1, 1, f]
     w2 = ln_weight * ln_weight if ln else None  # [H, 1, f]
@@ -83,41 +95,105 @@ def _dual(scan, weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_e
         if bias:  # x -> [x, 1]
             Xq, Xk = (torch.cat([x, torch.ones_like(x[..., :1])], -1) for x in (Xq, Xk))
         E = eta.tril()  # the mask: token t only sees s <= t
-        XKe = E[..., -1:, :].transpose(-1, -2) * Xk  # diag(e) XK: the update is W - XKe^T G
-        if not outputs:
-            return None, tuple(scan.final_weights(weights, Xq, Xk, label, XKe, E, w2))
+        XKe = E[..., -1:, :].transpose(-1, -2) * Xk  # diag(e) XK: the update is W1 - XKe^T G1
         A = E * (Xq @ Xk.transpose(-1, -2))  # with the bias: E * (XQ XK^T + 1)
-        Zbar, weights = scan.run(Xq, Xk, label, A, XKe, E, w2, torch.is_grad_enabled(), *weights)
+        Zbar, weights = MLPDualScan.run(Xq, Xk, label, A, XKe, E, w2, torch.is_grad_enabled(), *weights)
         Z = Zbar.permute(1, 0, 3, 2, 4).contiguous().permute(0, 3, 1, 2, 4)  # [B, H, N, b, f], token-major
         return (XQ + learner.layer_norm(Z, ln_w, ln_b) if ln else Z), tuple(weights)
 
     return in_groups(run, weights, (XQ, XK, XV, eta), checkpoint_every)
 
 
-class LinearDualScan(torch.autograd.Function):
-    """TTT-Linear: only the recurrence of the weights runs mini-batch by mini-batch, with a handful of ops
-    per mini-batch written into preallocated buffers; the rest is batched over all mini-batches.
+class LinearDual(torch.autograd.Function):
+    """TTT-Linear, all of it with a hand-written backward: (XQ, XK, XV, eta, W, ln_w, ln_b) -> (Z, W_N).
 
-    The Function maps (XQ, XK, label, XKe, w2, W) to (ZQ, G, W_N): ZQ_n = XQ_n W_n and G_n the LN-L2
-    gradient at XK_n W_n, for every n, and the weights after the last mini-batch. The outputs Zbar = ZQ - A G
-    (Equation 8) are formed by autograd outside (`run`), which hands the backward dZQ = dZbar and
-    dG = -A^T dZbar. The backward then walks the mini-batches in reverse carrying dW (the gradient of the
-    next mini-batch's W); per mini-batch only what depends on dW: dG += -XKe dW, the LN-L2 gradient's
-    backward, and the products with W. What only needs dG (the label's and LN weight's gradients) is batched
-    after the walk. It keeps every G and XK W (as small as an input) and every SEGMENT-th W, recomputing the
-    others a segment at a time.
+    Batched over all mini-batches, laid out mini-batch-major ([N, B, H, ...], contiguous): the inputs with
+    a column of ones when there is a bias ([x, 1], W with its bias row), E = tril(eta), XKe = diag(e) XK,
+    A = E * (XQ XK^T), the label (ln_b - (XV - XK)) ln_w (the z-independent part of the LN-L2 gradient),
+    Zbar = ZQ - A G (Equation 8) and the output XQ + LN(Zbar), written token-major as the layer reads it.
+    Only the recurrence of W runs mini-batch by mini-batch (`forward_loop`): ZQ_n = XQ_n W_n, G_n the
+    LN-L2 gradient at XK_n W_n, W_{n+1} = W_n - XKe_n^T G_n, a handful of ops writing into preallocated
+    buffers. The backward walks the mini-batches in reverse carrying dW (`backward_loop`); the gradients
+    of the batched parts are batched again, accumulated in place into the loop's.
     """
 
-    @classmethod
-    def run(cls, XQ, XK, label, A, XKe, E, w2, training: bool, W):
-        ZQ, G, W = cls.apply(XQ, XK, label, XKe, w2, training, W)
-        Zbar = torch.baddbmm(ZQ.flatten(0, 2), A.flatten(0, 2), G.flatten(0, 2), alpha=-1)  # ZQ - A G
-        return Zbar.view_as(ZQ), (W,)
+    @staticmethod
+    def inputs(XQ, XK, XV, eta, ln_w, ln_b, bias: bool):
+        """The batched inputs of the loop, mini-batch-major: Xq, Xk (with the ones), the label, E, XKe, w2
+        = ln_w^2, and XK - XV (for the gradient of ln_w)."""
+        Xq, Xk = (_mini_batch_major(x, bias) for x in (XQ, XK))
+        kv = torch.empty(Xq.shape[:-1] + (XV.shape[-1],), dtype=XV.dtype, device=XV.device)
+        if ln_w is None:
+            label = kv.copy_(XV.movedim(2, 0))
+        else:  # f_res learns xv - xk: the label's part of the LN-L2 gradient is (ln_b - (xv - xk)) ln_w
+            torch.sub(XK.movedim(2, 0), XV.movedim(2, 0), out=kv)
+            label = torch.add(kv, ln_b).mul_(ln_w)
+        E = eta.movedim(2, 0).tril()  # the mask: token t only sees s <= t
+        XKe = E[..., -1, :].unsqueeze(-1) * Xk  # diag(e) XK: the update is W - XKe^T G
+        return Xq, Xk, label, E, XKe, None if ln_w is None else ln_w * ln_w, kv
 
     @staticmethod
-    def forward(ctx, XQ, XK, label, XKe, w2, training: bool, W):
-        ctx.label_stride = label.stride()  # see _strided_like
-        XQ, XK, label, XKe = (t.contiguous() for t in (XQ, XK, label, XKe))
+    def forward(ctx, XQ, XK, XV, eta, W, ln_w, ln_b, bias: bool, training: bool):
+        Xq, Xk, label, E, XKe, w2, kv = LinearDual.inputs(XQ, XK, XV, eta, ln_w, ln_b, bias)
+        M = _nbh(Xq) @ _nbh(Xk).mT  # XQ XK^T (+ 1 with the bias), [N B H, b, b]
+        A = _nbh(E) * M
+        ZQ, ZK, G, W, segments = LinearDual.forward_loop(Xq, Xk, label, XKe, w2, W, training)
+        Zbar = _nbh(ZQ).baddbmm_(A, _nbh(G), alpha=-1).view_as(ZQ)  # ZQ - A G, in place
+        Z = _token_major(XQ)
+        if ln_w is None:
+            Z.copy_(Zbar.movedim(0, 2))
+            Zhat = mean = rstd = None
+        else:  # Z = XQ + LN(Zbar), the LN per head with ln_w, ln_b [H, 1, f]
+            Zhat, mean, rstd = torch.native_layer_norm(Zbar, Zbar.shape[-1:], None, None, learner.LN_EPS)
+            torch.addcmul(ln_b, ln_w, Zhat, out=Z.movedim(2, 0)).add_(XQ.movedim(2, 0))
+        if training:
+            ctx.save_for_backward(Xq, Xk, kv, label, E, XKe, M, A, w2, ZK, G, segments, Zbar, Zhat, mean,
+                                  rstd, ln_w, ln_b)
+        return Z, W
+
+    @staticmethod
+    def backward(ctx, dZ, dW):
+        Xq, Xk, kv, label, E, XKe, M, A, w2, ZK, G, segments, Zbar, Zhat, mean, rstd, ln_w, ln_b = (
+            ctx.saved_tensors)
+        f, ln = G.shape[-1], ln_w is not None
+        dZbar = torch.empty_like(Zbar).copy_(dZ.movedim(2, 0))  # mini-batch-major
+        if ln:  # Z = XQ + ln_w Zhat + ln_b
+            dln_w, dln_b = _head_sum(dZbar * Zhat), _head_sum(dZbar)
+            dZbar = learner.ln_backward(dZbar.mul_(ln_w), Zbar, mean, rstd)
+        # Zbar = ZQ - A G
+        dA = torch.bmm(_nbh(dZbar), _nbh(G).mT).neg_()
+        dG = torch.bmm(A.mT, _nbh(dZbar)).neg_().view_as(G)
+        dXq, dXk, dXKe, dlabel, dw2, dW = LinearDual.backward_loop(Xq, Xk, label, XKe, w2, ZK, G, segments,
+                                                                  dZbar, dG, dW)
+        # XKe = diag(e) XK, A = E * M, M = XQ XK^T
+        dE = (dA * M).view_as(E)
+        dE[..., -1, :] += torch.linalg.vecdot(dXKe, Xk)
+        dXk.addcmul_(E[..., -1, :].unsqueeze(-1), dXKe)
+        dM = dA.mul_(_nbh(E))
+        _nbh(dXq).baddbmm_(dM, _nbh(Xk))
+        _nbh(dXk).baddbmm_(dM.mT, _nbh(Xq))
+        deta = dE.tril_().movedim(0, 2)
+        # back to the inputs' token-major layout, through the residual and the label
+        dXQ, dXK, dXV = _token_major(dZ), _token_major(dZ), _token_major(dZ)
+        tokens = lambda t: t[..., :f].movedim(0, 2)  # [B, H, N, b, f] views
+        if ln:  # label = (ln_b - (XV - XK)) ln_w
+            torch.add(tokens(dXq), dZ, out=dXQ)
+            torch.addcmul(tokens(dXk), tokens(dlabel), ln_w.unsqueeze(-2), out=dXK)
+            torch.mul(tokens(dlabel), -ln_w.unsqueeze(-2), out=dXV)
+            dlabel_sum = _head_sum(dlabel)
+            dln_b += dlabel_sum * ln_w
+            dln_w += _head_sum(dlabel * kv) + dlabel_sum * ln_b + 2 * ln_w * dw2
+        else:
+            dXQ.copy_(tokens(dXq))
+            dXK.copy_(tokens(dXk))
+            dXV.copy_(tokens(dlabel))
+            dln_w = dln_b = None
+        return dXQ, dXK, dXV, deta, dW, dln_w, dln_b, None, None
+
+    @staticmethod
+    def forward_loop(XQ, XK, label, XKe, w2, W, training: bool):
+        """ZQ_n = XQ_n W_n and G_n (the LN-L2 gradient at ZK_n = XK_n W_n) for every n, the weights after
+        the last mini-batch, and when training every SEGMENT-th weights."""
         N, f = XK.shape[0], label.shape[-1]
         ZQ, ZK, G = (XK.new_empty(XK.shape[:-1] + (f,)) for _ in range(3))
         W = _contiguous_copy(W)
@@ -129,24 +205,23 @@ class LinearDualScan(torch.autograd.Function):
             torch.bmm(_bh(XQ[n]), _bh(W), out=_bh(ZQ[n]))
             G[n] = learner.ln_l2_grad(ZK[n], w2, label[n])
             _minus_product(W, XKe[n].mT, G[n])  # W_{n+1} = W_n - XK^T diag(e) G, in place
-        if training:
-            ctx.save_for_backward(XQ, XK, label, XKe, w2, ZK, G, segments)
-        return ZQ, G, W
+        return ZQ, ZK, G, W, segments
 
     @staticmethod
-    def final_weights(weights, XQ, XK, label, XKe, E, w2):
+    def final_weights(W, XQ, XK, label, XKe, w2):
         """Only the weights after the last mini-batch (no outputs, no gradients)."""
-        W = _contiguous_copy(weights[0])
+        W = _contiguous_copy(W)
         for n in range(XK.shape[0]):
             _minus_product(W, XKe[n].mT, learner.ln_l2_grad(XK[n] @ W, w2, label[n]))
-        return (W,)
+        return W
 
     @staticmethod
-    def backward(ctx, dZQ, dG, dW):
-        XQ, XK, label, XKe, w2, ZK, G, segments = ctx.saved_tensors
+    def backward_loop(XQ, XK, label, XKe, w2, ZK, G, segments, dZQ, dG, dW):
+        """The reverse walk: from dZQ_n and dG_n (through Zbar) and the gradient of the last weights, the
+        gradients of XQ, XK, XKe, the label, w2 and the first weights. Per mini-batch only what depends on
+        the carried dW: dG_n - XKe_n dW, the LN-L2 gradient's backward, and the products with W_n
+        (recomputed a segment at a time from the kept ones); what needs only dG is batched after."""
         N = XK.shape[0]
-        dZQ = torch.zeros_like(G) if dZQ is None else dZQ.contiguous()
-        dG = torch.zeros_like(G) if dG is None else dG.contiguous()
         dG_total = torch.empty_like(G)  # dG_n - XKe_n dW_{n+1}: G_n's gradient through both paths
         dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
         dXQ, dXK, dXKe = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XKe)
@@ -170,7 +245,32 @@ class LinearDualScan(torch.autograd.Function):
                 torch.bmm(_bh(dZK), W.mT, out=_bh(dXK[n]))
         dlabel = ln_l2.dc(dG_total)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
-        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dXKe.neg_(), dw2, None, dW
+        return dXQ, dXK, dXKe.neg_(), dlabel, dw2, dW
+
+
+def _mini_batch_major(x: torch.Tensor, ones: bool) -> torch.Tensor:
+    """[B, H, N, b, d] (any layout) copied to a contiguous [N, B, H, b, d (+ 1)], with a column of ones."""
+    out = x.new_empty((x.shape[2], x.shape[0], x.shape[1], x.shape[3], x.shape[4] + ones))
+    out[..., : x.shape[-1]] = x.movedim(2, 0)
+    if ones:
+        out[..., -1] = 1
+    return out
+
+
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """An empty [B, H, N, b, f] laid out [B, N, b, H, f], as the layer's projections give (and read) them."""
+    B, H, N, b, f = x.shape
+    return x.new_empty(B, N, b, H, f).permute(0, 3, 1, 2, 4)
+
+
+def _nbh(t: torch.Tensor) -> torch.Tensor:
+    """[N, B, H, r, c] (contiguous) as [N B H, r, c], a view, for batched matmuls over all mini-batches."""
+    return t.flatten(0, 2)
+
+
+def _head_sum(t: torch.Tensor) -> torch.Tensor:
+    """[N, B, H, b, f] summed to a per-head [H, 1, f], contiguous axes first (fast)."""
+    return t.sum((0, 1)).sum(-2, keepdim=True)
 
 
 def _bh(t: torch.Tensor) -> torch.Tensor:
