@@ -141,3 +141,19 @@ def test_learner_gelu_is_the_tanh_approximation_and_its_derivatives():
     assert rel_err(learner.gelu_grad(x), d1) <= 1e-13 and rel_err(learner.gelu_grad2(x.detach()), d2) <= 1e-12
     y, dy = learner.gelu_and_grad(x.detach())  # the dual scans' in-place version
     assert rel_err(y, F.gelu(x, approximate="tanh")) <= 1e-14 and rel_err(dy, d1) <= 1e-13
+
+
+@pytest.mark.parametrize("learner_name", ["linear", "mlp"])
+def test_mixed_precision_runs_the_inner_loop_in_float32(learner_name):
+    """Under autocast (bf16-mixed training) the inner loop runs in float32, outside autocast: forward and
+    backward work (the dual scans write float32 weights into buffers of their inputs' dtype), and the output
+    stays close to the float32 layer's."""
+    torch.manual_seed(0)
+    layer = TTTBlock(0, 64, 4, 128, learner=learner_name, mini_batch_size=8).ttt.float()
+    x = torch.randn(2, 40, 64, dtype=torch.float32, requires_grad=True)
+    ref = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    y.float().square().sum().backward()
+    assert y.dtype == torch.bfloat16 and torch.isfinite(x.grad).all()
+    assert rel_err(y.float(), ref) <= 0.05

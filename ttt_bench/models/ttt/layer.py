@@ -293,19 +293,22 @@ class TTTLayer(nn.Module):
             positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
             freqs = rope_freqs(positions, self.head_dim, self.rope_theta).unsqueeze(1)  # [T, 1, f / 2]
             xq, xk = apply_rope_pairs(xq, freqs), apply_rope_pairs(xk, freqs)
-        xq, xk, xv = (t.transpose(1, 2) for t in (xq, xk, xv))  # heads: [B, H, T, f]
-
-        if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
-            if cache is not None:
-                if cache.kv is not None:
-                    xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
-                cache.kv = (xk, xv)
-            z = learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
-        else:
-            lr = self.inner_lr(x)
-            if self.diagnostics is not None and cache is None:
-                self._record_inner_losses(xk, xv, lr)
-            z = self._ttt(xq, xk, xv, lr, cache)
+        # heads: [B, H, T, f]; the inner loop in float32 at least and outside autocast (mixed-precision
+        # training): its weights are float32 parameters, its gradient steps need the precision
+        inner = torch.promote_types(xq.dtype, torch.float32)
+        xq, xk, xv = (t.transpose(1, 2).to(inner) for t in (xq, xk, xv))
+        with torch.autocast(x.device.type, enabled=False):
+            if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
+                if cache is not None:
+                    if cache.kv is not None:
+                        xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
+                    cache.kv = (xk, xv)
+                z = learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
+            else:
+                lr = self.inner_lr(x.to(inner))
+                if self.diagnostics is not None and cache is None:
+                    self._record_inner_losses(xk, xv, lr)
+                z = self._ttt(xq, xk, xv, lr, cache)
 
         z = self.post_norm(z.transpose(1, 2).reshape(B, T, D))
         if self.g_proj is not None:
