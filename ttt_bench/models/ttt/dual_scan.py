@@ -198,13 +198,17 @@ class LinearDual(torch.autograd.Function):
         ZQ, ZK, G = (XK.new_empty(XK.shape[:-1] + (f,)) for _ in range(3))
         W = _contiguous_copy(W)
         segments = _segment_starts(W, N) if training else None
+        w = _bh(W)  # updated in place
+        # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
+        xq, xk, xke_t, zq, zk, g = map(_per_mini_batch, (XQ, XK, XKe.mT, ZQ, ZK, G))
+        zk4, label4, g4 = ZK.unbind(0), label.unbind(0), G.unbind(0)
         for n in range(N):
             if training and n % SEGMENT == 0:
                 segments[n // SEGMENT] = W
-            torch.bmm(_bh(XK[n]), _bh(W), out=_bh(ZK[n]))
-            torch.bmm(_bh(XQ[n]), _bh(W), out=_bh(ZQ[n]))
-            G[n] = learner.ln_l2_grad(ZK[n], w2, label[n])
-            _minus_product(W, XKe[n].mT, G[n])  # W_{n+1} = W_n - XK^T diag(e) G, in place
+            torch.bmm(xk[n], w, out=zk[n])
+            torch.bmm(xq[n], w, out=zq[n])
+            g4[n].copy_(learner.ln_l2_grad(zk4[n], w2, label4[n]))
+            w.baddbmm_(xke_t[n], g[n], alpha=-1)  # W_{n+1} = W_n - XK^T diag(e) G, in place
         return ZQ, ZK, G, W, segments
 
     @staticmethod
@@ -227,25 +231,35 @@ class LinearDual(torch.autograd.Function):
         dXQ, dXK, dXKe = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XKe)
         ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
         Ws = torch.empty((SEGMENT,) + dW.shape, dtype=dW.dtype, device=dW.device)
+        # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
+        g, dg, xke, dzq, dxke, dxq, dxk = map(_per_mini_batch, (G, dG, XKe, dZQ, dXKe, dXQ, dXK))
+        dg_total, dg_total4 = _per_mini_batch(dG_total), dG_total.unbind(0)
+        xq_t, xk_t, ws_t = map(_per_mini_batch, (XQ.mT, XK.mT, Ws.mT))
+        dw, dw_t = _bh(dW), _bh(dW).mT
         for first in reversed(range(0, N, SEGMENT)):
             last = min(first + SEGMENT, N)
             Ws[0] = segments[first // SEGMENT]  # recompute the segment's W's
             for n in range(first, last - 1):
                 _minus_product(Ws[n - first], XKe[n].mT, G[n], out=Ws[n - first + 1])
             for n in reversed(range(first, last)):
-                W = _bh(Ws[n - first])
+                w_t = ws_t[n - first]
                 # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (negated below),
                 # and G_n's gradient through both paths: dG_n - XKe_n dW
-                torch.bmm(_bh(G[n]), _bh(dW).mT, out=_bh(dXKe[n]))
-                torch.baddbmm(_bh(dG[n]), _bh(XKe[n]), _bh(dW), alpha=-1, out=_bh(dG_total[n]))
-                dZK = ln_l2.dz(dG_total[n], n)
+                torch.bmm(g[n], dw_t, out=dxke[n])
+                torch.baddbmm(dg[n], xke[n], dw, alpha=-1, out=dg_total[n])
+                dzk = _bh(ln_l2.dz(dg_total4[n], n))
                 # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
-                _bh(dW).baddbmm_(_bh(XQ[n]).mT, _bh(dZQ[n])).baddbmm_(_bh(XK[n]).mT, _bh(dZK))
-                torch.bmm(_bh(dZQ[n]), W.mT, out=_bh(dXQ[n]))
-                torch.bmm(_bh(dZK), W.mT, out=_bh(dXK[n]))
+                dw.baddbmm_(xq_t[n], dzq[n]).baddbmm_(xk_t[n], dzk)
+                torch.bmm(dzq[n], w_t, out=dxq[n])
+                torch.bmm(dzk, w_t, out=dxk[n])
         dlabel = ln_l2.dc(dG_total)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
         return dXQ, dXK, dXKe.neg_(), dlabel, dw2, dW
+
+
+def _per_mini_batch(t: torch.Tensor) -> tuple:
+    """[N, B, H, r, c] as N views [B * H, r, c], made at once (the loops index them)."""
+    return t.flatten(1, 2).unbind(0)
 
 
 def _mini_batch_major(x: torch.Tensor, ones: bool) -> torch.Tensor:
