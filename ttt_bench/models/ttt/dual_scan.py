@@ -120,12 +120,12 @@ class LinearDual(torch.autograd.Function):
     @staticmethod
     def inputs(XQ, XK, XV, eta, ln_w, ln_b, bias: bool):
         """The batched inputs of the loop, mini-batch-major: Xq, Xk (with the ones), the label, E, XKe, w2
-        = ln_w^2, and XK - XV (for the gradient of ln_w)."""
+        = ln_w^2, and with LN XK - XV (for the gradient of ln_w)."""
         Xq, Xk = (_mini_batch_major(x, bias) for x in (XQ, XK))
-        kv = torch.empty(Xq.shape[:-1] + (XV.shape[-1],), dtype=XV.dtype, device=XV.device)
         if ln_w is None:
-            label = kv.copy_(XV.movedim(2, 0))
+            label, kv = XV.movedim(2, 0).contiguous(), None
         else:  # f_res learns xv - xk: the label's part of the LN-L2 gradient is (ln_b - (xv - xk)) ln_w
+            kv = torch.empty(Xq.shape[:-1] + (XV.shape[-1],), dtype=XV.dtype, device=XV.device)
             torch.sub(XK.movedim(2, 0), XV.movedim(2, 0), out=kv)
             label = torch.add(kv, ln_b).mul_(ln_w)
         E = eta.movedim(2, 0).tril()  # the mask: token t only sees s <= t
