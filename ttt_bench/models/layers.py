@@ -60,17 +60,19 @@ class CausalConv1d(nn.Conv1d):
         B, T, C = x.shape
         k = self.kernel_size[0]
         history = x.new_zeros(B, k - 1, C) if state is None else state  # the k - 1 inputs before x
-        recent = torch.cat([history, x[:, max(0, T - k + 1) :]], 1)
-        new_state = recent[:, recent.shape[1] - (k - 1) :]
-        if T == 0:
-            return x, new_state
         weight, bias = self.weight[:, 0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
-        if B * T <= DIRECT_MAX_TOKENS:  # each output: its window of k inputs times the kernel
-            y = torch.linalg.vecdot(torch.cat([history, x], 1).unfold(1, k, 1), weight)
-            return (y if bias is None else y + bias), new_state
-        if state is None:  # k - 1 zeros on the left: the convolution pads them, no copy of x
-            return DepthwiseConv.apply(x, weight, bias, k - 1), new_state
-        return DepthwiseConv.apply(torch.cat([state, x], 1), weight, bias, 0), new_state
+        if state is None and B * T > DIRECT_MAX_TOKENS:  # the convolution pads the zeros: no copy of x
+            recent = torch.cat([history, x[:, max(0, T - k + 1) :]], 1)
+            return DepthwiseConv.apply(x, weight, bias, k - 1), recent[:, recent.shape[1] - (k - 1) :]
+        full = torch.cat([history, x], 1)
+        if T == 0:
+            return x, full.clone()
+        if B * T > DIRECT_MAX_TOKENS:
+            y = DepthwiseConv.apply(full, weight, bias, 0)
+        else:  # each output: its window of k inputs times the kernel
+            y = torch.linalg.vecdot(full.unfold(1, k, 1), weight)
+            y = y if bias is None else y + bias
+        return y, full[:, T:].clone()
 
 
 def _as_image(x: torch.Tensor) -> torch.Tensor:

@@ -410,7 +410,7 @@ class MLPDualScan(torch.autograd.Function):
     def backward(ctx, dZbar, *dweights):
         XQ, XK, label, A, XKe, E, w2, *saved = ctx.saved_tensors
         N, k = XK.shape[0], len(MLPState._fields)
-        segments, saved = saved[:3], saved[3:]
+        segments, saved = saved[: len(dweights)], saved[len(dweights) :]
         states = [MLPState(*saved[i : i + k]) for i in range(0, len(saved), k)]
         dZbar = torch.zeros_like(label) if dZbar is None else dZbar.contiguous()
         dweights = tuple(  # the gradients of the next mini-batch's weights, carried in place
