@@ -168,10 +168,10 @@ class LinearDual(torch.autograd.Function):
         # XKe = diag(e) XK, A = E * M, M = XQ XK^T
         dE = (dA * M).view_as(E)
         dE[..., -1, :] += torch.linalg.vecdot(dXKe, Xk)
-        dXk.addcmul_(E[..., -1, :].unsqueeze(-1), dXKe)
+        dXk.addcmul_(E[..., -1, :].unsqueeze(-1), dXKe[..., :f])
         dM = dA.mul_(_nbh(E))
-        _nbh(dXq).baddbmm_(dM, _nbh(Xk))
-        _nbh(dXk).baddbmm_(dM.mT, _nbh(Xq))
+        _nbh(dXq).baddbmm_(dM, _nbh(Xk)[..., :f])
+        _nbh(dXk).baddbmm_(dM.mT, _nbh(Xq)[..., :f])
         deta = dE.tril_().movedim(0, 2)
         # back to the inputs' token-major layout, through the residual and the label
         dXQ, dXK, dXV = _token_major(dZ), _token_major(dZ), _token_major(dZ)
@@ -222,37 +222,39 @@ class LinearDual(torch.autograd.Function):
     @staticmethod
     def backward_loop(XQ, XK, label, XKe, w2, ZK, G, segments, dZQ, dG, dW):
         """The reverse walk: from dZQ_n and dG_n (through Zbar) and the gradient of the last weights, the
-        gradients of XQ, XK, XKe, the label, w2 and the first weights. Per mini-batch only what depends on
-        the carried dW: dG_n - XKe_n dW, the LN-L2 gradient's backward, and the products with W_n
-        (recomputed a segment at a time from the kept ones); what needs only dG is batched after."""
-        N = XK.shape[0]
-        dG_total = torch.empty_like(G)  # dG_n - XKe_n dW_{n+1}: G_n's gradient through both paths
+        gradients of XQ and XK (not of their ones column), XKe, the label, w2 and the first weights. Per
+        mini-batch only what depends on the carried dW: dG_n -= XKe_n dW (in place: dG becomes G's gradient
+        through both paths), the LN-L2 gradient's backward, and the products with W_n (recomputed a segment
+        at a time from the kept ones); what needs only dG is batched after."""
+        N, f = XK.shape[0], G.shape[-1]
         dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
-        dXQ, dXK, dXKe = torch.empty_like(XQ), torch.empty_like(XK), torch.empty_like(XKe)
+        dXKe = torch.empty_like(XKe)
+        dXQ, dXK = (x.new_empty(x.shape[:-1] + (f,)) for x in (XQ, XK))  # without the ones column
         ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
-        Ws = torch.empty((SEGMENT,) + dW.shape, dtype=dW.dtype, device=dW.device)
+        Ws_t = dW.new_empty((SEGMENT,) + dW.mT.shape)  # the segment's W's, transposed (dZ W^T reads W^T)
         # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
         g, dg, xke, dzq, dxke, dxq, dxk = map(_per_mini_batch, (G, dG, XKe, dZQ, dXKe, dXQ, dXK))
-        dg_total, dg_total4 = _per_mini_batch(dG_total), dG_total.unbind(0)
-        xq_t, xk_t, ws_t = map(_per_mini_batch, (XQ.mT, XK.mT, Ws.mT))
+        dg4 = dG.unbind(0)
+        xq_t, xk_t, ws_t, g_t = map(_per_mini_batch, (XQ.mT, XK.mT, Ws_t, G.mT))
         dw, dw_t = _bh(dW), _bh(dW).mT
         for first in reversed(range(0, N, SEGMENT)):
             last = min(first + SEGMENT, N)
-            Ws[0] = segments[first // SEGMENT]  # recompute the segment's W's
+            # recompute the segment's W's from the kept first: W_{n+1}^T = W_n^T - G_n^T XKe_n
+            Ws_t[0] = segments[first // SEGMENT].mT
             for n in range(first, last - 1):
-                _minus_product(Ws[n - first], XKe[n].mT, G[n], out=Ws[n - first + 1])
+                torch.baddbmm(ws_t[n - first], g_t[n], xke[n], alpha=-1, out=ws_t[n - first + 1])
             for n in reversed(range(first, last)):
                 w_t = ws_t[n - first]
                 # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (negated below),
                 # and G_n's gradient through both paths: dG_n - XKe_n dW
                 torch.bmm(g[n], dw_t, out=dxke[n])
-                torch.baddbmm(dg[n], xke[n], dw, alpha=-1, out=dg_total[n])
-                dzk = _bh(ln_l2.dz(dg_total4[n], n))
+                dg[n].baddbmm_(xke[n], dw, alpha=-1)
+                dzk = _bh(ln_l2.dz(dg4[n], n))
                 # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
                 dw.baddbmm_(xq_t[n], dzq[n]).baddbmm_(xk_t[n], dzk)
-                torch.bmm(dzq[n], w_t, out=dxq[n])
-                torch.bmm(dzk, w_t, out=dxk[n])
-        dlabel = ln_l2.dc(dG_total)  # batched over all mini-batches, as the LN weight's gradient
+                torch.bmm(dzq[n], w_t[..., :f], out=dxq[n])
+                torch.bmm(dzk, w_t[..., :f], out=dxk[n])
+        dlabel = ln_l2.dc(dG)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
         return dXQ, dXK, dXKe.neg_(), dlabel, dw2, dW
 
