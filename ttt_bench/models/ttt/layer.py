@@ -174,7 +174,9 @@ class TTTLayer(nn.Module):
         base = self.eta_base * self.eta_scale / self.head_dim
         if not self.learnable_lr:
             return x.new_full((x.shape[0], self.n_heads, x.shape[1]), base)
-        return base * torch.sigmoid(torch.einsum("btd,hod->bht", x, self.lr_weight) + self.lr_bias)
+        # one [d, H] projection (an einsum over the [H, 1, d] weight would copy x for its backward)
+        logits = F.linear(x, self.lr_weight.flatten(1), self.lr_bias.flatten())  # [B, T, H]
+        return base * torch.sigmoid(logits).transpose(1, 2)
 
     def token_eta(self, start: int, length: int) -> torch.Tensor:
         scale = self.token_idx if self.token_idx_offset is None else self.token_idx + self.token_idx_offset
