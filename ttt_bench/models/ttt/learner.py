@@ -121,7 +121,7 @@ class LNL2GradBackward:
     def dz(self, dg, n=slice(None), dc=None):
         if self.w2 is None:
             return dg
-        dot = lambda a, b: (a.unsqueeze(-2) @ b.unsqueeze(-1)).squeeze(-1)  # [..., 1]; vecdot is slower here
+        dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1)
         v = (self.w2 * (self.dc(dg, n) if dc is None else dc)).addcmul_(self.k[n], dg, value=-1)
         v.addcmul_(dot(dg, self.s_z_hat[n]), self.g0[n], value=-1)
         dz = ln_backward(v, self.z[n], self.mean[n], self.rstd[n])
