@@ -244,7 +244,7 @@ class LinearDual(torch.autograd.Function):
             for n in range(first, last - 1):
                 torch.baddbmm(ws_t[n - first], g_t[n], xke[n], alpha=-1, out=ws_t[n - first + 1])
             for n in reversed(range(first, last)):
-                w_t = ws_t[n - first]
+                w_t = ws_t[n - first][..., :f]  # W_n^T without its bias column
                 # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (negated below),
                 # and G_n's gradient through both paths: dG_n - XKe_n dW
                 torch.bmm(g[n], dw_t, out=dxke[n])
@@ -252,8 +252,8 @@ class LinearDual(torch.autograd.Function):
                 dzk = _bh(ln_l2.dz(dg4[n], n))
                 # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
                 dw.baddbmm_(xq_t[n], dzq[n]).baddbmm_(xk_t[n], dzk)
-                torch.bmm(dzq[n], w_t[..., :f], out=dxq[n])
-                torch.bmm(dzk, w_t[..., :f], out=dxk[n])
+                torch.bmm(dzq[n], w_t, out=dxq[n])
+                torch.bmm(dzk, w_t, out=dxk[n])
         dlabel = ln_l2.dc(dG)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
         return dXQ, dXK, dXKe.neg_(), dlabel, dw2, dW
