@@ -3,6 +3,8 @@
 
 scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
 each form; scope=core times only the inner loop, on [B, H, N, b, f] inputs laid out as the layer's.
+Each call is a training step's fwd+bwd: a dense upstream gradient, and the gradients of the input and the
+parameters returned, not accumulated (as after `zero_grad(set_to_none=True)`).
 """
 
 import argparse
@@ -31,7 +33,7 @@ def _layer_case(args, form, device, dtype):
                      share_qk=True, use_gate=True).to(device, dtype)
     x = torch.randn(args.tokens // args.seq_len, args.seq_len, args.d_model, device=device, dtype=dtype,
                     requires_grad=True)
-    return lambda: layer(x).sum().backward()
+    return _fwd_bwd(lambda: layer(x), [x, *layer.parameters()])
 
 
 def _core_case(args, impl, device, dtype):
@@ -50,7 +52,16 @@ def _core_case(args, impl, device, dtype):
               r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
     fn = {"dual": dual_scan.ttt_linear_dual, "triton": triton_dual,
           "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:])}[impl]
-    return lambda: fn(*inputs)[0].sum().backward()
+    return _fwd_bwd(lambda: fn(*inputs)[0], inputs)
+
+
+def _fwd_bwd(forward, inputs):
+    """One fwd+bwd: the output's gradient a dense tensor (a `.sum()` would give a stride-0 one, which each
+    consumer copies), the inputs' gradients returned rather than accumulated into `.grad`."""
+    inputs = [t for t in inputs if t.requires_grad]
+    with torch.no_grad():
+        dy = torch.randn_like(forward())
+    return lambda: torch.autograd.grad(forward(), inputs, dy)
 
 
 def run(args) -> pd.DataFrame:

@@ -15,8 +15,9 @@ function arranged for speed, each learner an autograd Function with a hand-writt
 - per mini-batch, a few ops writing into preallocated buffers (`out=`, in-place `baddbmm_`): on CPUs a
   weight-sized temporary costs more than the matmul that fills it;
 - the backward walks the mini-batches in reverse with the gradient of the weights; it keeps only every
-  SEGMENT-th weights and recomputes the others a segment at a time with the forward's own ops
-  (N W's would take far more memory than the inputs); TTT-MLP keeps every mini-batch's other state.
+  SEGMENT-th weights (N W's would take far more memory than the inputs) and gets the others from them:
+  TTT-Linear undoes each mini-batch's update in place, TTT-MLP recomputes a segment at a time with the
+  forward's own ops (and keeps every mini-batch's other state).
 
 Mini-batch n starts from the weights W_n; with E = tril(eta) and e its last row (as a column):
 
@@ -193,22 +194,23 @@ class LinearDual(torch.autograd.Function):
     @staticmethod
     def forward_loop(XQ, XK, label, XKe, w2, W, training: bool):
         """ZQ_n = XQ_n W_n and G_n (the LN-L2 gradient at ZK_n = XK_n W_n) for every n, the weights after
-        the last mini-batch, and when training every SEGMENT-th weights."""
+        the last mini-batch, and when training the weights after every SEGMENT mini-batches (and after the
+        last)."""
         N, f = XK.shape[0], label.shape[-1]
         ZQ, ZK, G = (XK.new_empty(XK.shape[:-1] + (f,)) for _ in range(3))
         W = _contiguous_copy(W)
-        segments = _segment_starts(W, N) if training else None
+        segments = _segment_buffer(W, N) if training else None
         w = _bh(W)  # updated in place
         # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
         xq, xk, xke_t, zq, zk, g = map(_per_mini_batch, (XQ, XK, XKe.mT, ZQ, ZK, G))
         zk4, label4, g4 = ZK.unbind(0), label.unbind(0), G.unbind(0)
         for n in range(N):
-            if training and n % SEGMENT == 0:
-                segments[n // SEGMENT] = W
             torch.bmm(xk[n], w, out=zk[n])
             torch.bmm(xq[n], w, out=zq[n])
             g4[n].copy_(learner.ln_l2_grad(zk4[n], w2, label4[n]))
             w.baddbmm_(xke_t[n], g[n], alpha=-1)  # W_{n+1} = W_n - XK^T diag(e) G, in place
+            if training and (n % SEGMENT == SEGMENT - 1 or n == N - 1):
+                segments[n // SEGMENT] = W
         return ZQ, ZK, G, W, segments
 
     @staticmethod
@@ -224,27 +226,24 @@ class LinearDual(torch.autograd.Function):
         """The reverse walk: from dZQ_n and dG_n (through Zbar) and the gradient of the last weights, the
         gradients of XQ and XK (not of their ones column), XKe, the label, w2 and the first weights. Per
         mini-batch only what depends on the carried dW: dG_n -= XKe_n dW (in place: dG becomes G's gradient
-        through both paths), the LN-L2 gradient's backward, and the products with W_n (recomputed a segment
-        at a time from the kept ones); what needs only dG is batched after."""
+        through both paths), the LN-L2 gradient's backward, and the products with W_n; what needs only dG
+        is batched after. W_n comes from the kept weights after its segment, each mini-batch's update undone
+        in place (at most SEGMENT float roundings away from the forward's)."""
         N, f = XK.shape[0], G.shape[-1]
         dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
         dXKe = torch.empty_like(XKe)
         dXQ, dXK = (x.new_empty(x.shape[:-1] + (f,)) for x in (XQ, XK))  # without the ones column
         ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
-        Ws_t = dW.new_empty((SEGMENT,) + dW.mT.shape)  # the segment's W's, transposed (dZ W^T reads W^T)
+        W_t = dW.new_empty(dW.shape[:-2] + (f, f))  # W_n^T without its bias row: dZ W^T reads it contiguous
         # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
         g, dg, xke, dzq, dxke, dxq, dxk = map(_per_mini_batch, (G, dG, XKe, dZQ, dXKe, dXQ, dXK))
-        dg4 = dG.unbind(0)
-        xq_t, xk_t, ws_t, g_t = map(_per_mini_batch, (XQ.mT, XK.mT, Ws_t, G.mT))
-        dw, dw_t = _bh(dW), _bh(dW).mT
+        dg4, xke_f = dG.unbind(0), _per_mini_batch(XKe[..., :f])
+        xq_t, xk_t, g_t = map(_per_mini_batch, (XQ.mT, XK.mT, G.mT))
+        dw, dw_t, w_t = _bh(dW), _bh(dW).mT, _bh(W_t)
         for first in reversed(range(0, N, SEGMENT)):
-            last = min(first + SEGMENT, N)
-            # recompute the segment's W's from the kept first: W_{n+1}^T = W_n^T - G_n^T XKe_n
-            Ws_t[0] = segments[first // SEGMENT].mT
-            for n in range(first, last - 1):
-                torch.baddbmm(ws_t[n - first], g_t[n], xke[n], alpha=-1, out=ws_t[n - first + 1])
-            for n in reversed(range(first, last)):
-                w_t = ws_t[n - first][..., :f]  # W_n^T without its bias column
+            W_t.copy_(segments[first // SEGMENT][..., :f, :].mT)  # the weights after the segment
+            for n in reversed(range(first, min(first + SEGMENT, N))):
+                w_t.baddbmm_(g_t[n], xke_f[n])  # W_n^T = W_{n+1}^T + G_n^T XKe_n: the update undone
                 # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (negated below),
                 # and G_n's gradient through both paths: dG_n - XKe_n dW
                 torch.bmm(g[n], dw_t, out=dxke[n])
@@ -299,8 +298,8 @@ def _contiguous_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _segment_starts(w: torch.Tensor, N: int) -> torch.Tensor:
-    """A buffer for the weights at the start of every SEGMENT mini-batches."""
+def _segment_buffer(w: torch.Tensor, N: int) -> torch.Tensor:
+    """A buffer for one weights per SEGMENT mini-batches."""
     return w.new_empty(((N + SEGMENT - 1) // SEGMENT,) + w.shape)
 
 
@@ -358,7 +357,7 @@ class MLPDualScan(torch.autograd.Function):
         XQ, XK, label, A, XKe, E = (t.contiguous() for t in (XQ, XK, label, A, XKe, E))
         N = XK.shape[0]
         weights = tuple(None if w is None else _contiguous_copy(w) for w in weights)
-        segments = tuple(None if w is None or not training else _segment_starts(w, N) for w in weights)
+        segments = tuple(None if w is None or not training else _segment_buffer(w, N) for w in weights)
         Zbar, states = torch.empty_like(label), []
         for n in range(N):
             if training and n % SEGMENT == 0:
