@@ -162,14 +162,14 @@ class LinearDual(torch.autograd.Function):
             dln_w, dln_b = _head_sum(dZbar * Zhat), _head_sum(dZbar)
             dZbar = learner.ln_backward(dZbar.mul_(ln_w), Zbar, mean, rstd)
         # Zbar = ZQ - A G
-        dA = torch.bmm(_nbh(dZbar), _nbh(G).mT).neg_()
-        dG = torch.bmm(A.mT, _nbh(dZbar)).neg_().view_as(G)
-        dXq, dXk, dXKe, dlabel, dw2, dW = LinearDual.backward_loop(Xq, Xk, label, XKe, w2, ZK, G, segments,
-                                                                  dZbar, dG, dW)
+        dA = _neg_bmm(_nbh(dZbar), _nbh(G).mT)
+        dG = _neg_bmm(A.mT, _nbh(dZbar)).view_as(G)
+        dXq, dXk, minus_dXKe, dlabel, dw2, dW = LinearDual.backward_loop(
+            Xq, Xk, label, XKe, w2, ZK, G, segments, dZbar, dG, dW)
         # XKe = diag(e) XK, A = E * M, M = XQ XK^T
         dE = (dA * M).view_as(E)
-        dE[..., -1, :] += torch.linalg.vecdot(dXKe, Xk)
-        dXk.addcmul_(E[..., -1, :].unsqueeze(-1), dXKe[..., :f])
+        dE[..., -1, :] -= torch.linalg.vecdot(minus_dXKe, Xk)
+        dXk.addcmul_(E[..., -1, :].unsqueeze(-1), minus_dXKe[..., :f], value=-1)
         dM = dA.mul_(_nbh(E))
         _nbh(dXq).baddbmm_(dM, _nbh(Xk)[..., :f])
         _nbh(dXk).baddbmm_(dM.mT, _nbh(Xq)[..., :f])
@@ -224,19 +224,19 @@ class LinearDual(torch.autograd.Function):
     @staticmethod
     def backward_loop(XQ, XK, label, XKe, w2, ZK, G, segments, dZQ, dG, dW):
         """The reverse walk: from dZQ_n and dG_n (through Zbar) and the gradient of the last weights, the
-        gradients of XQ and XK (not of their ones column), XKe, the label, w2 and the first weights. Per
-        mini-batch only what depends on the carried dW: dG_n -= XKe_n dW (in place: dG becomes G's gradient
-        through both paths), the LN-L2 gradient's backward, and the products with W_n; what needs only dG
-        is batched after. W_n comes from the kept weights after its segment, each mini-batch's update undone
-        in place (at most SEGMENT float roundings away from the forward's)."""
+        gradients of XQ and XK (not of their ones column), XKe (negated), the label, w2 and the first
+        weights. Per mini-batch only what depends on the carried dW: dG_n -= XKe_n dW (in place: dG becomes
+        G's gradient through both paths), the LN-L2 gradient's backward, and the products with W_n; what
+        needs only dG is batched after. W_n comes from the kept weights after its segment, each
+        mini-batch's update undone in place (at most SEGMENT float roundings away from the forward's)."""
         N, f = XK.shape[0], G.shape[-1]
         dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
-        dXKe = torch.empty_like(XKe)
+        minus_dXKe = torch.empty_like(XKe)
         dXQ, dXK = (x.new_empty(x.shape[:-1] + (f,)) for x in (XQ, XK))  # without the ones column
         ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
         W_t = dW.new_empty(dW.shape[:-2] + (f, f))  # W_n^T without its bias row: dZ W^T reads it contiguous
         # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
-        g, dg, xke, dzq, dxke, dxq, dxk = map(_per_mini_batch, (G, dG, XKe, dZQ, dXKe, dXQ, dXK))
+        g, dg, xke, dzq, dxke, dxq, dxk = map(_per_mini_batch, (G, dG, XKe, dZQ, minus_dXKe, dXQ, dXK))
         dg4, xke_f = dG.unbind(0), _per_mini_batch(XKe[..., :f])
         xq_t, xk_t, g_t = map(_per_mini_batch, (XQ.mT, XK.mT, G.mT))
         dw, dw_t, w_t = _bh(dW), _bh(dW).mT, _bh(W_t)
@@ -244,7 +244,7 @@ class LinearDual(torch.autograd.Function):
             W_t.copy_(segments[first // SEGMENT][..., :f, :].mT)  # the weights after the segment
             for n in reversed(range(first, min(first + SEGMENT, N))):
                 w_t.baddbmm_(g_t[n], xke_f[n])  # W_n^T = W_{n+1}^T + G_n^T XKe_n: the update undone
-                # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (negated below),
+                # W_{n+1} = W_n - XKe_n^T G_n: dXKe_n = -G_n dW^T (returned negated),
                 # and G_n's gradient through both paths: dG_n - XKe_n dW
                 torch.bmm(g[n], dw_t, out=dxke[n])
                 dg[n].baddbmm_(xke[n], dw, alpha=-1)
@@ -255,7 +255,7 @@ class LinearDual(torch.autograd.Function):
                 torch.bmm(dzk, w_t, out=dxk[n])
         dlabel = ln_l2.dc(dG)  # batched over all mini-batches, as the LN weight's gradient
         dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
-        return dXQ, dXK, dXKe.neg_(), dlabel, dw2, dW
+        return dXQ, dXK, minus_dXKe, dlabel, dw2, dW
 
 
 def _per_mini_batch(t: torch.Tensor) -> tuple:
@@ -276,6 +276,11 @@ def _token_major(x: torch.Tensor) -> torch.Tensor:
     """An empty [B, H, N, b, f] laid out [B, N, b, H, f], as the layer's projections give (and read) them."""
     B, H, N, b, f = x.shape
     return x.new_empty(B, N, b, H, f).permute(0, 3, 1, 2, 4)
+
+
+def _neg_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """-(a @ b) for batches of matrices, the sign in the product (baddbmm with beta 0 ignores its input)."""
+    return torch.baddbmm(a.new_zeros(()).expand(a.shape[0], a.shape[1], b.shape[2]), a, b, beta=0, alpha=-1)
 
 
 def _nbh(t: torch.Tensor) -> torch.Tensor:
