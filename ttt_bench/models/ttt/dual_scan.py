@@ -234,6 +234,7 @@ class LinearDual(torch.autograd.Function):
         minus_dXKe = torch.empty_like(XKe)
         dXQ, dXK = (x.new_empty(x.shape[:-1] + (f,)) for x in (XQ, XK))  # without the ones column
         ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
+        ln_l2_n = ln_l2.rows()
         W_t = dW.new_empty(dW.shape[:-2] + (f, f))  # W_n^T without its bias row: dZ W^T reads it contiguous
         # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
         g, dg, xke, dzq, dxke, dxq, dxk = map(_per_mini_batch, (G, dG, XKe, dZQ, minus_dXKe, dXQ, dXK))
@@ -248,7 +249,7 @@ class LinearDual(torch.autograd.Function):
                 # and G_n's gradient through both paths: dG_n - XKe_n dW
                 torch.bmm(g[n], dw_t, out=dxke[n])
                 dg[n].baddbmm_(xke[n], dw, alpha=-1)
-                dzk = _bh(ln_l2.dz(dg4[n], n))
+                dzk = _bh(ln_l2_n[n].dz(dg4[n]))
                 # ZQ_n = XQ_n W_n, ZK_n = XK_n W_n
                 dw.baddbmm_(xq_t[n], dzq[n]).baddbmm_(xk_t[n], dzk)
                 torch.bmm(dzq[n], w_t, out=dxq[n])

@@ -104,8 +104,8 @@ class LNL2GradBackward:
     With J the LN Jacobian (`ln_backward`), g = J g0 and g0 = c + w2 z_hat, so dc = J dg and
     dz = J (w2 dc - s <z_hat, g0> dg - s <dg, z_hat> g0) - s <dg, g> z_hat with s = rstd / f: the first
     term through g0, the others through J's own dependence on z. What does not depend on dg is computed once
-    here, for z of any leading shape; `dz(dg, n)` and `dc(dg, n)` take the rows z[n] (the fast dual scan
-    builds it for all mini-batches and back-propagates one at a time). Without LN (w2 None), g = z - c."""
+    here, for z of any leading shape; `rows()` splits it along the leading axis (the fast dual scan builds
+    it for all mini-batches and back-propagates one at a time). Without LN (w2 None), g = z - c."""
 
     def __init__(self, z, g, w2, c):
         self.z, self.g, self.w2 = z, g, w2
@@ -115,20 +115,32 @@ class LNL2GradBackward:
             self.s_z_hat = self.z_hat * (self.rstd / z.shape[-1])
             self.k = torch.linalg.vecdot(self.s_z_hat, self.g0).unsqueeze(-1)  # s <z_hat, g0>
 
-    def dc(self, dg, n=slice(None)):
-        return -dg if self.w2 is None else ln_backward(dg, self.z[n], self.mean[n], self.rstd[n])
+    def rows(self) -> list["LNL2GradBackward"]:
+        """One per index of the leading axis, its tensors' views made at once (a loop indexing each tensor
+        per step pays Python's indexing every time)."""
+        names = [name for name in vars(self) if name != "w2"]
+        rows = []
+        for views in zip(*(getattr(self, name).unbind(0) for name in names), strict=True):
+            row = object.__new__(LNL2GradBackward)  # the statistics as they are, not computed again
+            row.w2 = self.w2
+            vars(row).update(zip(names, views, strict=True))
+            rows.append(row)
+        return rows
 
-    def dz(self, dg, n=slice(None), dc=None):
+    def dc(self, dg):
+        return -dg if self.w2 is None else ln_backward(dg, self.z, self.mean, self.rstd)
+
+    def dz(self, dg, dc=None):
         if self.w2 is None:
             return dg
         dot = lambda a, b: torch.linalg.vecdot(a, b).unsqueeze(-1)
-        v = (self.w2 * (self.dc(dg, n) if dc is None else dc)).addcmul_(self.k[n], dg, value=-1)
-        v.addcmul_(dot(dg, self.s_z_hat[n]), self.g0[n], value=-1)
-        dz = ln_backward(v, self.z[n], self.mean[n], self.rstd[n])
-        return dz.addcmul_(dot(dg, self.g[n]), self.s_z_hat[n], value=-1)
+        v = (self.w2 * (self.dc(dg) if dc is None else dc)).addcmul_(self.k, dg, value=-1)
+        v.addcmul_(dot(dg, self.s_z_hat), self.g0, value=-1)
+        dz = ln_backward(v, self.z, self.mean, self.rstd)
+        return dz.addcmul_(dot(dg, self.g), self.s_z_hat, value=-1)
 
-    def dw2_terms(self, dc, n=slice(None)):
-        return None if self.w2 is None else dc * self.z_hat[n]
+    def dw2_terms(self, dc):
+        return None if self.w2 is None else dc * self.z_hat
 
 
 def n_layers(params: Params) -> int:
