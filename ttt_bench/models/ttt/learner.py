@@ -17,6 +17,7 @@ Appendix A; the 1/2 and the authors' division of eta by the head dimension live 
 The nonparametric learner (Theorem 2) is `nadaraya_watson`: its hidden state is the list of (k, v).
 """
 
+import copy
 import math
 
 import torch
@@ -121,8 +122,7 @@ class LNL2GradBackward:
         names = [name for name in vars(self) if name != "w2"]
         rows = []
         for views in zip(*(getattr(self, name).unbind(0) for name in names), strict=True):
-            row = object.__new__(LNL2GradBackward)  # the statistics as they are, not computed again
-            row.w2 = self.w2
+            row = copy.copy(self)  # the statistics as they are, not computed again: only their rows
             vars(row).update(zip(names, views, strict=True))
             rows.append(row)
         return rows
