@@ -2,6 +2,7 @@
 checked here (timings never belong in unit tests)."""
 
 import argparse
+import shutil
 
 import pandas as pd
 import pytest
@@ -34,10 +35,13 @@ def test_models_suite_writes_every_phase_of_every_model(tmp_path, capsys):
 
 def test_forms_suite_times_primal_and_dual(tmp_path):
     out = tmp_path / "forms.csv"
+    fused = shutil.which("c++") is not None  # torch.compile on CPU needs a C++ compiler
     main(["bench", "forms", "--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--tokens", "64",
-          "--warmup", "1", "--repeats", "1", "--threads", "1", "--device", "cpu", "--out", str(out)])
+          "--warmup", "1", "--repeats", "1", "--threads", "1", "--device", "cpu", "--out", str(out),
+          "--fused" if fused else "--no-fused"])
     df = pd.read_csv(out)
-    expected = [("core", "dual"), ("core", "primal"), ("layer", "dual"), ("layer", "primal")]
+    impls = ("dual", "dual-fused", "primal") if fused else ("dual", "primal")
+    expected = [(scope, impl) for scope in ("core", "layer") for impl in impls]
     assert sorted(zip(df.scope, df.impl, strict=True)) == expected
     assert (df.ms_fwd_bwd > 0).all() and (df[df.impl == "dual"].speedup_vs_dual == 1).all()
 

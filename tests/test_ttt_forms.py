@@ -1,6 +1,7 @@
 """TTT inner loop: primal form == dual form == the naive per-token loop, checkpointing, Theorems 1 and 2."""
 
 import random
+import shutil
 import weakref
 
 import pytest
@@ -130,6 +131,32 @@ def test_fast_dual_scans_equal_the_reference_dual_steps(seed):
         for a, c in zip(torch.autograd.grad(loss(Z, last), inputs),
                         torch.autograd.grad(loss(Z_ref, last_ref), inputs), strict=True):
             assert rel_err(a, c) <= 1e-8, (learner_name, bias, ln, N)
+
+
+@pytest.mark.skipif(not shutil.which("c++"), reason="torch.compile on CPU needs a C++ compiler (c++)")
+def test_fused_dual_form_equals_the_eager_one():
+    """fused=True (dual_scan's batched parts and the gate compiled by torch.compile, fusion.py) computes
+    what the eager code computes: outputs and every gradient, with and without LN, through a whole layer."""
+    torch.manual_seed(0)
+    B, H, N, b, f = 2, 2, 3, 4, 8
+    r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, dtype=torch.float64)).requires_grad_()
+    for ln in (True, False):
+        XQ, XK, XV = (r(B, N, b, H, f).permute(0, 3, 1, 2, 4) for _ in range(3))  # the layer's layout
+        eta = (0.1 * torch.rand(B, H, N, b, b, dtype=torch.float64)).requires_grad_()
+        inputs = [XQ, XK, XV, eta, r(B, H, f, f, scale=0.3), r(B, H, 1, f, scale=0.3)]
+        inputs += [r(H, 1, f), r(H, 1, f)] if ln else [None, None]
+        eager, fused = ttt_linear_dual(*inputs), ttt_linear_dual(*inputs, fused=True)
+        assert fused[0].stride() == eager[0].stride()  # token-major, as the projections read it
+        grads = [torch.autograd.grad(out[0].sin().sum() + out[1].sum(), [t for t in inputs if t is not None])
+                 for out in (eager, fused)]
+        for a, c in zip([*eager, *grads[0]], [*fused, *grads[1]], strict=True):
+            assert rel_err(c, a) <= 1e-12, ln
+    layers = [TTTLayer(16, 2, mini_batch_size=4, share_qk=True, use_gate=True, fused=fused).double()
+              for fused in (False, True)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    g = [torch.autograd.grad(layer(x).sin().sum(), list(layer.parameters())) for layer in layers]
+    assert all(rel_err(c, a) <= 1e-12 for a, c in zip(*g, strict=True))
 
 
 def test_ttt_linear_dual_signature_and_shapes():

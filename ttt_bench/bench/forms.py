@@ -1,5 +1,7 @@
 """`ttt-bench bench forms`: TTT-Linear forward + backward, primal vs dual form (Section 2.5: the dual form
-"trains more than 5x faster"), and the fused Triton kernel where it runs (CUDA).
+"trains more than 5x faster"): the dual form as it runs by default (`dual`), with its batched elementwise
+work fused by torch.compile (`dual-fused`, the layer's `fused` option), and the fused Triton kernel where it
+runs (CUDA).
 
 scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
 each form; scope=core times only the inner loop, on [B, H, N, b, f] inputs laid out as the layer's.
@@ -23,14 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per call: batch = tokens / seq_len")
     parser.add_argument("--scopes", default="layer,core")
     parser.add_argument("--quick", action="store_true", help="d_model 64, 256 tokens of 128")
+    parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time dual-fused (torch.compile: seconds of compiling before the timing)")
     common.add_device_arguments(parser)
 
 
-def _layer_case(args, form, device, dtype):
+def _layer_case(args, impl, device, dtype):
     from ttt_bench.models.ttt import TTTLayer
 
+    form, fused = impl.split("-")[0], impl == "dual-fused"
     layer = TTTLayer(args.d_model, args.n_heads, mini_batch_size=args.mini_batch_size, form=form,
-                     share_qk=True, use_gate=True).to(device, dtype)
+                     share_qk=True, use_gate=True, fused=fused).to(device, dtype)
     x = torch.randn(args.tokens // args.seq_len, args.seq_len, args.d_model, device=device, dtype=dtype,
                     requires_grad=True)
     return _fwd_bwd(lambda: layer(x), [x, *layer.parameters()])
@@ -51,6 +56,7 @@ def _core_case(args, impl, device, dtype):
     inputs = (view(), view(), view(), eta,
               r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
     fn = {"dual": dual_scan.ttt_linear_dual, "triton": triton_dual,
+          "dual-fused": lambda *x: dual_scan.ttt_linear_dual(*x, fused=True),
           "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:])}[impl]
     return _fwd_bwd(lambda: fn(*inputs)[0], inputs)
 
@@ -73,12 +79,14 @@ def run(args) -> pd.DataFrame:
     dtype = common.DTYPES[args.dtype]
     rows = []
     for scope in args.scopes.split(","):
-        impls = ["primal", "dual"]
+        impls = ["primal", "dual"] + ["dual-fused"] * args.fused
         if scope == "core" and use_triton(torch.empty(0, device=device)):
             impls.append("triton")
         fns, mem = {}, {}
         for impl in impls:
             fns[impl] = (_layer_case if scope == "layer" else _core_case)(args, impl, device, dtype)
+            if impl == "dual-fused":
+                fns[impl]()  # compiles: not part of the form's peak memory
             with common.peak_memory(device) as m:  # untimed: memory, and a first warm-up
                 fns[impl]()
             mem[impl] = m["mb"]

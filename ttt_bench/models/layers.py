@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fusion import fuse
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -53,8 +55,9 @@ class CausalConv1d(nn.Conv1d):
     channels-last view), or for a few tokens (decoding) each output's window of inputs times the kernel.
     Tests compare both with F.conv1d."""
 
-    def __init__(self, channels: int, kernel_size: int, bias: bool = True):
+    def __init__(self, channels: int, kernel_size: int, bias: bool = True, fused: bool = False):
         super().__init__(channels, channels, kernel_size, groups=channels, bias=bias)
+        self.fused = fused  # the kernel's gradient compiled by torch.compile (fusion.py)
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
         B, T, C = x.shape
@@ -63,12 +66,13 @@ class CausalConv1d(nn.Conv1d):
         weight, bias = self.weight[:, 0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
         if state is None and B * T > DIRECT_MAX_TOKENS:  # the convolution pads the zeros: no copy of x
             recent = torch.cat([history, x[:, max(0, T - k + 1) :]], 1)
-            return DepthwiseConv.apply(x, weight, bias, k - 1), recent[:, recent.shape[1] - (k - 1) :]
+            y = DepthwiseConv.apply(x, weight, bias, k - 1, self.fused)
+            return y, recent[:, recent.shape[1] - (k - 1) :]
         full = torch.cat([history, x], 1)
         if T == 0:
             return x, full.clone()
         if B * T > DIRECT_MAX_TOKENS:
-            y = DepthwiseConv.apply(full, weight, bias, 0)
+            y = DepthwiseConv.apply(full, weight, bias, 0, self.fused)
         else:  # each output: its window of k inputs times the kernel
             y = torch.linalg.vecdot(full.unfold(1, k, 1), weight)
             y = y if bias is None else y + bias
@@ -93,30 +97,36 @@ class DepthwiseConv(torch.autograd.Function):
     The token-major layout is the channels-last layout of a [B, C, T, 1] image, so conv2d runs on views
     (oneDNN's depthwise kernel on CPUs, 8x faster than k shifted multiply-adds) for the output and for the
     input's gradient (the same convolution of dy with the kernel flipped). The weight's gradient is k
-    products summed over batch and time (`vecdot`): conv2d's own is 4x slower in this layout.
+    products summed over batch and time (`kernel_grad`): conv2d's own is 4x slower in this layout.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, pad: int):
+    def forward(ctx, x, weight, bias, pad: int, fused: bool = False):
         C, k = weight.shape
         ctx.save_for_backward(x, weight)
-        ctx.pad = pad
+        ctx.pad, ctx.fused = pad, fused
         y = F.conv2d(_as_image(x.contiguous()), weight[:, None, :, None], bias, padding=(pad, 0), groups=C)
         return _as_tokens(y)[:, : x.shape[1] + pad - k + 1]
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        (C, k), pad, T_in, T = weight.shape, ctx.pad, x.shape[1], dy.shape[1]
+        (C, k), pad, T_in = weight.shape, ctx.pad, x.shape[1]
         dy = dy.contiguous()
         # dx_s = sum_j weight_j dy_{s + pad - j}: dy convolved with the flipped kernel, k - 1 zeros each side
         flipped = weight.flip(1)[:, None, :, None]
         dx = _as_tokens(F.conv2d(_as_image(dy), flipped, padding=(k - 1, 0), groups=C))[:, pad : pad + T_in]
-        dweight = []  # sum over (B, t) of dy_t x_{t + j - pad}, without a [B, T, C] temporary per tap
-        for j in range(k):
-            lo, hi = max(0, pad - j), min(T, T_in + pad - j)
-            dweight.append(torch.linalg.vecdot(dy[:, lo:hi], x[:, lo + j - pad : hi + j - pad], dim=1).sum(0))
-        return dx, torch.stack(dweight, -1), dy.sum((0, 1)) if ctx.needs_input_grad[2] else None, None
+        dweight = fuse(kernel_grad, ctx.fused)(dy, x, pad, k)
+        return dx, dweight, dy.sum((0, 1)) if ctx.needs_input_grad[2] else None, None, None
+
+
+def kernel_grad(dy: torch.Tensor, x: torch.Tensor, pad: int, k: int) -> torch.Tensor:
+    """The gradient [C, k] of the kernel of y_t = sum_j weight_j x_{t + j - pad}: the sum over (B, t) of
+    dy_t x_{t + j - pad}, x padded with zeros on the left so that every tap sums over the same tokens (one
+    loop for all of them under torch.compile)."""
+    T = dy.shape[1]
+    x = F.pad(x, (0, 0, pad, 0))
+    return torch.stack([(dy * x[:, j : j + T]).sum((0, 1)) for j in range(k)], -1)
 
 
 class SwiGLU(nn.Module):

@@ -7,7 +7,8 @@ function arranged for speed, each learner an autograd Function with a hand-writt
   for TTT-Linear also Zbar = XQ W - A G (from the per-mini-batch XQ W and G) and, in the backward, every
   part of the LN-L2 gradient's backward that does not depend on the carried gradient of W. TTT-Linear's
   Function (`LinearDual`) covers these batched parts too, with their gradients batched and accumulated in
-  place; TTT-MLP's (`MLPDualScan`, the loop alone) leaves them to autograd;
+  place (with fused=True, the layer's `fused` option, compiled by torch.compile: `fusion.fuse`);
+  TTT-MLP's (`MLPDualScan`, the loop alone) leaves them to autograd;
 - the bias of the first layer is the row of W for a feature that is always 1;
 - the scan runs mini-batch-major ([N, B, H, ...]) so that every mini-batch it reads or writes is
   contiguous; Z comes back token-major (laid out [B, N, b, H, f], as the layer's projections), where the
@@ -33,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..fusion import fuse
 from . import learner
 from .forms import in_groups
 
@@ -41,7 +43,8 @@ gelu_backward = torch.ops.aten.gelu_backward  # gelu_backward(d, x) = d * gelu'(
 
 
 def ttt_linear_dual(
-    XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_every: int = 0, outputs: bool = True
+    XQ, XK, XV, eta, W, b, ln_weight, ln_bias, *, checkpoint_every: int = 0, outputs: bool = True,
+    fused: bool = False,
 ):
     """TTT-Linear in dual form over N mini-batches: the functional core.
 
@@ -51,7 +54,8 @@ def ttt_linear_dual(
     linear learner f(x) = xW + b without LN and residual.
     Returns Z [B, H, N, b, f] (the layer output before post-norm, with the +XQ residual when LN is on),
     and W_last, b_last: the weights after the last mini-batch. outputs=False computes only the weights
-    (Z is None; Figure 8 right times the W's alone), without gradients.
+    (Z is None; Figure 8 right times the W's alone), without gradients. fused=True runs the batched
+    elementwise parts around the loop compiled by torch.compile (`fuse`).
     """
     f, bias = XQ.shape[-1], b is not None
     W = W if b is None else torch.cat([W, b], -2)
@@ -64,7 +68,7 @@ def ttt_linear_dual(
 
         def run(weights, XQ, XK, XV, eta):
             training = torch.is_grad_enabled()
-            Z, W = LinearDual.apply(XQ, XK, XV, eta, *weights, ln_weight, ln_bias, bias, training)
+            Z, W = LinearDual.apply(XQ, XK, XV, eta, *weights, ln_weight, ln_bias, bias, training, fused)
             return Z, (W,)
 
         Z, (W,) = in_groups(run, (W,), (XQ, XK, XV, eta), checkpoint_every)
@@ -123,73 +127,96 @@ class LinearDual(torch.autograd.Function):
         """The batched inputs of the loop, mini-batch-major: Xq, Xk (with the ones), the label, E, XKe, w2
         = ln_w^2, and with LN XK - XV (for the gradient of ln_w)."""
         Xq, Xk = (_mini_batch_major(x, bias) for x in (XQ, XK))
+        f = XV.shape[-1]
         if ln_w is None:
             label, kv = XV.movedim(2, 0).contiguous(), None
         else:  # f_res learns xv - xk: the label's part of the LN-L2 gradient is (ln_b - (xv - xk)) ln_w
-            kv = torch.empty(Xq.shape[:-1] + (XV.shape[-1],), dtype=XV.dtype, device=XV.device)
-            torch.sub(XK.movedim(2, 0), XV.movedim(2, 0), out=kv)
+            kv = Xk[..., :f] - XV.movedim(2, 0)  # laid out as Xk (contiguous)
             label = torch.add(kv, ln_b).mul_(ln_w)
         E = eta.movedim(2, 0).tril()  # the mask: token t only sees s <= t
         XKe = E[..., -1, :].unsqueeze(-1) * Xk  # diag(e) XK: the update is W - XKe^T G
         return Xq, Xk, label, E, XKe, None if ln_w is None else ln_w * ln_w, kv
 
     @staticmethod
-    def forward(ctx, XQ, XK, XV, eta, W, ln_w, ln_b, bias: bool, training: bool):
-        Xq, Xk, label, E, XKe, w2, kv = LinearDual.inputs(XQ, XK, XV, eta, ln_w, ln_b, bias)
+    def forward(ctx, XQ, XK, XV, eta, W, ln_w, ln_b, bias: bool, training: bool, fused: bool):
+        Xq, Xk, label, E, XKe, w2, kv = fuse(LinearDual.inputs, fused)(XQ, XK, XV, eta, ln_w, ln_b, bias)
         M = _nbh(Xq) @ _nbh(Xk).mT  # XQ XK^T (+ 1 with the bias), [N B H, b, b]
         A = _nbh(E) * M
         ZQ, ZK, G, W, segments = LinearDual.forward_loop(Xq, Xk, label, XKe, w2, W, training)
         Zbar = _nbh(ZQ).baddbmm_(A, _nbh(G), alpha=-1).view_as(ZQ)  # ZQ - A G, in place
-        Z = _token_major(XQ)
-        if ln_w is None:
-            Z.copy_(Zbar.movedim(0, 2))
-            Zhat = mean = rstd = None
-        else:  # Z = XQ + LN(Zbar), the LN per head with ln_w, ln_b [H, 1, f]
-            Zhat, mean, rstd = torch.native_layer_norm(Zbar, Zbar.shape[-1:], None, None, learner.LN_EPS)
-            torch.addcmul(ln_b, ln_w, Zhat, out=Z.movedim(2, 0)).add_(XQ.movedim(2, 0))
+        Z, Zhat, mean, rstd = fuse(LinearDual.output, fused)(Zbar, XQ, ln_w, ln_b)
         if training:
+            ctx.fused = fused
             ctx.save_for_backward(Xq, Xk, kv, label, E, XKe, M, A, w2, ZK, G, segments, Zbar, Zhat, mean,
                                   rstd, ln_w, ln_b)
         return Z, W
 
     @staticmethod
+    def output(Zbar, XQ, ln_w, ln_b):
+        """Z = XQ + LN(Zbar) (Z = Zbar without LN), the LN per head with ln_w, ln_b [H, 1, f], written
+        token-major; and LN's Zhat, mean, rstd."""
+        if ln_w is None:
+            return _token_major_out(torch.add, Zbar, 0), None, None, None  # a copy
+        Zhat, mean, rstd = torch.native_layer_norm(Zbar, Zbar.shape[-1:], None, None, learner.LN_EPS)
+        return _token_major_out(torch.addcmul, ln_b, ln_w, Zhat).add_(XQ), Zhat, mean, rstd
+
+    @staticmethod
+    def output_backward(dZ, Zbar, Zhat, mean, rstd, ln_w):
+        """Through Z = XQ + ln_w Zhat + ln_b: dZbar (mini-batch-major) and the gradients of ln_w, ln_b."""
+        dZbar = torch.empty_like(Zbar).copy_(dZ.movedim(2, 0))
+        if ln_w is None:
+            return dZbar, None, None
+        dln_w, dln_b = _head_sum(dZbar * Zhat), _head_sum(dZbar)
+        return learner.ln_backward(dZbar.mul_(ln_w), Zbar, mean, rstd), dln_w, dln_b
+
+    @staticmethod
     def backward(ctx, dZ, dW):
         Xq, Xk, kv, label, E, XKe, M, A, w2, ZK, G, segments, Zbar, Zhat, mean, rstd, ln_w, ln_b = (
             ctx.saved_tensors)
-        f, ln = G.shape[-1], ln_w is not None
-        dZbar = torch.empty_like(Zbar).copy_(dZ.movedim(2, 0))  # mini-batch-major
-        if ln:  # Z = XQ + ln_w Zhat + ln_b
-            dln_w, dln_b = _head_sum(dZbar * Zhat), _head_sum(dZbar)
-            dZbar = learner.ln_backward(dZbar.mul_(ln_w), Zbar, mean, rstd)
+        f = G.shape[-1]
+        dZbar, dln_w, dln_b = fuse(LinearDual.output_backward, ctx.fused)(dZ, Zbar, Zhat, mean, rstd, ln_w)
         # Zbar = ZQ - A G
         dA = _neg_bmm(_nbh(dZbar), _nbh(G).mT)
         dG = _neg_bmm(A.mT, _nbh(dZbar)).view_as(G)
-        dXq, dXk, minus_dXKe, dlabel, dw2, dW = LinearDual.backward_loop(
-            Xq, Xk, label, XKe, w2, ZK, G, segments, dZbar, dG, dW)
+        ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label, fused=ctx.fused)
+        dXq, dXk, minus_dXKe, dW = LinearDual.backward_loop(Xq, Xk, XKe, G, segments, dZbar, dG, dW, ln_l2)
+        stats = (ZK, ln_l2.z_hat, ln_l2.mean, ln_l2.rstd) if ln_w is not None else ()  # LN's, at ZK
+        del ln_l2  # the rest
         # XKe = diag(e) XK, A = E * M, M = XQ XK^T
         dE = (dA * M).view_as(E)
-        dE[..., -1, :] -= torch.linalg.vecdot(minus_dXKe, Xk)
-        dXk.addcmul_(E[..., -1, :].unsqueeze(-1), minus_dXKe[..., :f], value=-1)
         dM = dA.mul_(_nbh(E))
         _nbh(dXq).baddbmm_(dM, _nbh(Xk)[..., :f])
         _nbh(dXk).baddbmm_(dM.mT, _nbh(Xq)[..., :f])
+        dXQ, dXK, dXV, de, dln_w_label, dln_b_label = fuse(LinearDual.input_gradients, ctx.fused)(
+            dZ, dXq, dXk, Xk, E[..., -1, :, None], minus_dXKe, dG, kv, ln_w, ln_b, *stats)
+        dE[..., -1, :] += de
         deta = dE.tril_().movedim(0, 2)
-        # back to the inputs' token-major layout, through the residual and the label
-        dXQ, dXK, dXV = _token_major(dZ), _token_major(dZ), _token_major(dZ)
-        tokens = lambda t: t[..., :f].movedim(0, 2)  # [B, H, N, b, f] views
-        if ln:  # label = (ln_b - (XV - XK)) ln_w
-            torch.add(tokens(dXq), dZ, out=dXQ)
-            torch.addcmul(tokens(dXk), tokens(dlabel), ln_w.unsqueeze(-2), out=dXK)
-            torch.mul(tokens(dlabel), -ln_w.unsqueeze(-2), out=dXV)
-            dlabel_sum = _head_sum(dlabel)
-            dln_b += dlabel_sum * ln_w
-            dln_w += _head_sum(dlabel * kv) + dlabel_sum * ln_b + 2 * ln_w * dw2
-        else:
-            dXQ.copy_(tokens(dXq))
-            dXK.copy_(tokens(dXk))
-            dXV.copy_(tokens(dlabel))
-            dln_w = dln_b = None
-        return dXQ, dXK, dXV, deta, dW, dln_w, dln_b, None, None
+        if ln_w is not None:
+            dln_w, dln_b = dln_w + dln_w_label, dln_b + dln_b_label
+        return dXQ, dXK, dXV, deta, dW, dln_w, dln_b, None, None, None
+
+    @staticmethod
+    def input_gradients(dZ, dXq, dXk, Xk, e, minus_dXKe, dG, kv, ln_w, ln_b, ZK=None, z_hat=None, mean=None,
+                        rstd=None):
+        """The gradients of XQ, XK, XV in the inputs' token-major layout and of e, from those of Xq and Xk
+        through the loop and A (dXq, dXk), of XKe = diag(e) Xk (negated) and of G (dG): through the label c
+        of G (the LN-L2 gradient at ZK, LN's statistics z_hat, mean, rstd given: dc = J dG, as
+        `learner.LNL2GradBackward`), c = (ln_b - (XV - XK)) ln_w, and the residual. With LN also the
+        gradients of ln_w, ln_b through the label and w2 = ln_w^2."""
+        de = -torch.linalg.vecdot(minus_dXKe, Xk)
+        minus_dXKe = minus_dXKe[..., : dXk.shape[-1]]  # not the ones column's
+        if ln_w is None:  # Z = Zbar, G = ZK - XV
+            dXQ = _token_major_out(torch.add, dXq, 0)  # a copy
+            dXK = _token_major_out(torch.addcmul, dXk, e, minus_dXKe, value=-1)
+            return dXQ, dXK, _token_major_out(torch.neg, dG), de, None, None
+        dXQ = _token_major_out(torch.add, dXq, dZ.movedim(2, 0))  # and the residual's
+        dlabel = learner.ln_backward(dG, ZK, mean, rstd)
+        dXK = _token_major_out(torch.addcmul, dXk, dlabel, ln_w)
+        dXK.addcmul_(e.movedim(0, 2), minus_dXKe.movedim(0, 2), value=-1)
+        dXV = _token_major_out(torch.mul, dlabel, -ln_w)
+        dlabel_sum = _head_sum(dlabel)
+        dln_w = _head_sum(dlabel * kv) + dlabel_sum * ln_b + 2 * ln_w * _head_sum(dlabel * z_hat)
+        return dXQ, dXK, dXV, de, dln_w, dlabel_sum * ln_w
 
     @staticmethod
     def forward_loop(XQ, XK, label, XKe, w2, W, training: bool):
@@ -222,18 +249,18 @@ class LinearDual(torch.autograd.Function):
         return W
 
     @staticmethod
-    def backward_loop(XQ, XK, label, XKe, w2, ZK, G, segments, dZQ, dG, dW):
+    def backward_loop(XQ, XK, XKe, G, segments, dZQ, dG, dW, ln_l2):
         """The reverse walk: from dZQ_n and dG_n (through Zbar) and the gradient of the last weights, the
-        gradients of XQ and XK (not of their ones column), XKe (negated), the label, w2 and the first
-        weights. Per mini-batch only what depends on the carried dW: dG_n -= XKe_n dW (in place: dG becomes
-        G's gradient through both paths), the LN-L2 gradient's backward, and the products with W_n; what
-        needs only dG is batched after. W_n comes from the kept weights after its segment, each
-        mini-batch's update undone in place (at most SEGMENT float roundings away from the forward's)."""
+        gradients of XQ and XK (not of their ones column), XKe (negated) and the first weights. Per
+        mini-batch only what depends on the carried dW: dG_n -= XKe_n dW (in place: dG becomes G's gradient
+        through both paths), the LN-L2 gradient's backward (`ln_l2`, learner.LNL2GradBackward), and the
+        products with W_n; what needs only dG (the label's gradient) is batched after. W_n comes from the
+        kept weights after its segment, each mini-batch's update undone in place (at most SEGMENT float
+        roundings away from the forward's)."""
         N, f = XK.shape[0], G.shape[-1]
         dW = torch.zeros_like(segments[0]) if dW is None else _contiguous_copy(dW)
         minus_dXKe = torch.empty_like(XKe)
         dXQ, dXK = (x.new_empty(x.shape[:-1] + (f,)) for x in (XQ, XK))  # without the ones column
-        ln_l2 = learner.LNL2GradBackward(ZK, G, w2, label)
         ln_l2_n = ln_l2.rows()
         W_t = dW.new_empty(dW.shape[:-2] + (f, f))  # W_n^T without its bias row: dZ W^T reads it contiguous
         # lower case: each mini-batch's [B H, r, c] view of a tensor, all made at once (_t: transposed)
@@ -254,9 +281,7 @@ class LinearDual(torch.autograd.Function):
                 dw.baddbmm_(xq_t[n], dzq[n]).baddbmm_(xk_t[n], dzk)
                 torch.bmm(dzq[n], w_t, out=dxq[n])
                 torch.bmm(dzk, w_t, out=dxk[n])
-        dlabel = ln_l2.dc(dG)  # batched over all mini-batches, as the LN weight's gradient
-        dw2 = None if w2 is None else ln_l2.dw2_terms(dlabel).sum((0, 1)).sum(-2, keepdim=True)  # fast order
-        return dXQ, dXK, minus_dXKe, dlabel, dw2, dW
+        return dXQ, dXK, minus_dXKe, dW
 
 
 def _per_mini_batch(t: torch.Tensor) -> tuple:
@@ -273,10 +298,16 @@ def _mini_batch_major(x: torch.Tensor, ones: bool) -> torch.Tensor:
     return out
 
 
-def _token_major(x: torch.Tensor) -> torch.Tensor:
-    """An empty [B, H, N, b, f] laid out [B, N, b, H, f], as the layer's projections give (and read) them."""
-    B, H, N, b, f = x.shape
-    return x.new_empty(B, N, b, H, f).permute(0, 3, 1, 2, 4)
+def _token_major_out(op, *args, **kwargs) -> torch.Tensor:
+    """op(*args) of [N, B, H, b, f] operands, written token-major (laid out [B, N, b, H, f], as the layer's
+    projections give and read them), as [B, H, N, b, f]: with out= into such a buffer, or under
+    torch.compile (where an out= into a strided view breaks the graph) laid out so."""
+    if torch.compiler.is_compiling():
+        return op(*args, **kwargs).permute(1, 0, 3, 2, 4).contiguous().permute(0, 3, 1, 2, 4)
+    N, B, H, b, f = torch.broadcast_shapes(*(a.shape for a in args if isinstance(a, torch.Tensor)))
+    out = args[0].new_empty(B, N, b, H, f).permute(0, 3, 1, 2, 4)
+    op(*args, **kwargs, out=out.movedim(2, 0))
+    return out
 
 
 def _neg_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import kernels
+from ..fusion import fuse
 from ..layers import CausalConv1d, RMSNorm, SwiGLU, rope_freqs
 from . import dual_scan, forms, learner
 
@@ -48,6 +49,11 @@ def apply_rope_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(pairs * freqs.to(pairs.dtype)).flatten(-2).type_as(x)
 
 
+def gelu_gate(g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The output gate of the Mamba backbone, GELU(theta_G x) * z (GELU's tanh approximation)."""
+    return F.gelu(g, approximate="tanh") * z
+
+
 class TTTLayer(nn.Module):
     def __init__(
         self,
@@ -71,6 +77,7 @@ class TTTLayer(nn.Module):
         conv_kernel: int = 4,
         mlp_expansion: int = 4,
         kernel: str = "auto",
+        fused: bool = False,
     ):
         super().__init__()
         if d_model % n_heads or (d_model // n_heads) % 2:
@@ -93,11 +100,12 @@ class TTTLayer(nn.Module):
         self.rope, self.rope_theta, self.checkpoint_every = rope, rope_theta, checkpoint_every
         self.share_qk, self.diagnostics = share_qk, None
         self.kernel = kernel  # auto | torch | triton: the Triton kernels of TTT-Linear (docs/speed.md)
+        self.fused = fused  # torch.compile fuses elementwise work: TTT-Linear's dual form, gate, convs
 
         # The views of the self-supervised task (Section 2.3); with share_qk, one projection and two convs.
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
         if share_qk:
-            self.conv_q, self.conv_k = CausalConv1d(d_model, conv_kernel), CausalConv1d(d_model, conv_kernel)
+            self.conv_q, self.conv_k = (CausalConv1d(d_model, conv_kernel, fused=fused) for _ in range(2))
         else:
             self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model, bias=False)
@@ -233,9 +241,12 @@ class TTTLayer(nn.Module):
             if self.form == "dual" and triton:
                 Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln)
             elif self.form == "dual":  # the fast dual scans (dual_scan.py)
-                fast = dual_scan.ttt_linear_dual if self.learner == "linear" else dual_scan.ttt_mlp_dual
-                ln_args = ln or (None, None)
-                Z, *params = fast(XQ, XK, XV, eta, *params, *ln_args, checkpoint_every=self.checkpoint_every)
+                args = (XQ, XK, XV, eta, *params, *(ln or (None, None)))
+                if self.learner == "linear":
+                    Z, *params = dual_scan.ttt_linear_dual(*args, checkpoint_every=self.checkpoint_every,
+                                                           fused=self.fused)
+                else:
+                    Z, *params = dual_scan.ttt_mlp_dual(*args, checkpoint_every=self.checkpoint_every)
             else:
                 Z, params = forms.ttt_scan(self.form, params, XQ, XK, XV, eta, ln, self.checkpoint_every)
             outs.append(Z.reshape(B, H, N * b, f))
@@ -314,7 +325,7 @@ class TTTLayer(nn.Module):
 
         z = self.post_norm(z.transpose(1, 2).reshape(B, T, D))
         if self.g_proj is not None:
-            z = F.gelu(self.g_proj(x), approximate="tanh") * z
+            z = fuse(gelu_gate, self.fused)(self.g_proj(x), z)
         if cache is not None:
             cache.pos += T
         return self.o_proj(z)

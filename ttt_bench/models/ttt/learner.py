@@ -23,6 +23,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..fusion import fuse
+
 Params = tuple  # (W^1, b^1, ..., W^K, b^K)
 LN_EPS = 1e-6
 
@@ -108,13 +110,19 @@ class LNL2GradBackward:
     here, for z of any leading shape; `rows()` splits it along the leading axis (the fast dual scan builds
     it for all mini-batches and back-propagates one at a time). Without LN (w2 None), g = z - c."""
 
-    def __init__(self, z, g, w2, c):
+    def __init__(self, z, g, w2, c, fused: bool = False):
         self.z, self.g, self.w2 = z, g, w2
-        if w2 is not None:
-            self.z_hat, self.mean, self.rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
-            self.g0 = torch.addcmul(c, w2, self.z_hat)
-            self.s_z_hat = self.z_hat * (self.rstd / z.shape[-1])
-            self.k = torch.linalg.vecdot(self.s_z_hat, self.g0).unsqueeze(-1)  # s <z_hat, g0>
+        if w2 is not None:  # fused: compiled by torch.compile (fusion.fuse)
+            stats = fuse(LNL2GradBackward.statistics, fused)(z, w2, c)
+            self.z_hat, self.mean, self.rstd, self.g0, self.s_z_hat, self.k = stats
+
+    @staticmethod
+    def statistics(z, w2, c):
+        """z_hat, mean, rstd of LN at z, g0, s z_hat and k = s <z_hat, g0>."""
+        z_hat, mean, rstd = torch.native_layer_norm(z, z.shape[-1:], None, None, LN_EPS)
+        g0 = torch.addcmul(c, w2, z_hat)
+        s_z_hat = z_hat * (rstd / z.shape[-1])
+        return z_hat, mean, rstd, g0, s_z_hat, torch.linalg.vecdot(s_z_hat, g0).unsqueeze(-1)
 
     def rows(self) -> list["LNL2GradBackward"]:
         """One per index of the leading axis, its tensors' views made at once (a loop indexing each tensor
