@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
-PROFILE ?= cpu
+PROFILE ?= quick
+STEPS ?=
 DATA_DIR ?=
 EXTRAS ?= dev
 
@@ -27,7 +28,7 @@ lint: setup
 	$(VENV)/bin/ruff check ttt_bench cli kernels tests
 
 reproduce: setup
-	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
+	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(if $(STEPS),--steps $(STEPS))
 
 # The speed figures of the README (docs/speed.md): every suite at the CPU reference size, into results/speed/.
 bench: SHELL := /bin/bash

@@ -15,12 +15,28 @@ FIGURES = {
 }
 
 
+def read_floors(src: Path) -> dict | None:
+    """The byte n-gram floors a sweep wrote beside its runs (<sweep>/floors.json: role -> {name: ppl}),
+    or beside a registry CSV; None when there are none."""
+    import json
+
+    path = (src if src.is_dir() else src.parent) / "floors.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        fail(f"cannot read the n-gram floors {path}: {e}")
+
+
 def run(args: list[str]) -> None:
     p = argparse.ArgumentParser(
         prog="ttt-bench plot",
         description=SUBCOMMANDS["plot"],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(f"  {k:12s} {v}" for k, v in FIGURES.items()),
+        epilog="\n".join(f"  {k:12s} {v}" for k, v in FIGURES.items())
+        + "\n\nA floors.json in the sweep folder (or beside a registry CSV) adds the byte n-gram floors to"
+        " scaling, context, token-index and minibatch.",
     )
     p.add_argument("figure", choices=FIGURES)
     p.add_argument("inputs", nargs="+", type=Path, help="sweep folder(s) or CSV file(s), see below")
@@ -35,15 +51,16 @@ def run(args: list[str]) -> None:
     if not src.exists():
         fail(f"{src} does not exist")
     stem = a.out / a.figure.replace("-", "_")
+    floors = read_floors(src)
     try:
         if a.figure in ("scaling", "context"):
-            paths = getattr(figures, a.figure)(read_registry(src), stem)
+            paths = getattr(figures, a.figure)(read_registry(src), stem, floors=floors)
         elif a.figure == "token-index":
-            paths = figures.token_index(read_registry(src), src, stem)
+            paths = figures.token_index(read_registry(src), src, stem, floors=floors)
         elif a.figure == "minibatch":
             timing = src / "timing.csv"
             paths = figures.minibatch(
-                read_registry(src), pd.read_csv(timing) if timing.is_file() else None, stem
+                read_registry(src), pd.read_csv(timing) if timing.is_file() else None, stem, floors=floors
             )
         elif a.figure == "inner-loss":
             paths = figures.inner_loss(pd.read_csv(src), stem)

@@ -18,26 +18,43 @@ def require_models():
         pytest.skip(f"model configs not there yet: {', '.join(missing)}")
 
 
-def test_plans_reference_model_configs_and_match_flops():
+def test_plans_reference_model_configs_seeds_and_match_flops():
     require_models()
     t1 = sweeps.plan_sweep("table1", "paper")
-    assert len(t1) == 8 and "model=ttt_linear" in t1["8-mamba_backbone"]["overrides"]
+    assert len(t1) == 12 and "model=ttt_linear" in t1["10-mamba_backbone-s0"]["overrides"]
     mb = sweeps.plan_sweep("minibatch", "cpu")
-    assert list(mb) == ["b1", "b2", "b4", "b8", "b16", "b32", "b64", "bT"]
+    seeds = sweeps.seeds_of(sweeps.load_sweep("minibatch"), "cpu")
+    assert (
+        seeds >= 3
+        and len(mb) == 5 * seeds
+        and mb["bT-s2"]["config"] == "bT"
+        and "seed=2" in mb["bT-s2"]["overrides"]
+    )
     sc = sweeps.plan_sweep("scaling", "cpu", data_dir="/data")
-    assert "data=books" in sc["books-mamba-s-T512"]["overrides"]
-    finetune = sc["books-tf_finetune-s-T512"]
-    assert finetune["after"] == "books-transformer-s-T128"
+    assert (
+        "data=books" in sc["books-mamba-s-T1024-s0"]["overrides"]
+        and sc["books-mamba-s-T1024-s0"]["corpus"] == "books-mini"
+    )
+    finetune = sc["books-tf_finetune-s-T1024-s1"]
+    assert finetune["after"] == "books-transformer-s-T128-s1"
     assert (
         "recipe=finetune" in finetune["overrides"]
         and "model.block.rope_theta=500000" in finetune["overrides"]
     )
-    matched = {k: v for k, v in sc.items() if k.endswith("-matched")}
-    assert set(matched) == {f"books-{m}-s-T512-matched" for m in ("transformer", "ttt_linear_m", "ttt_mlp_m")}
-    assert len(matched) == 3 and all(abs(v["flops_ratio"] - 1) < 0.1 for v in matched.values())
-    # 4096 tokens per batch: 32 sequences of 128 fill micro-batches of 8, 2 sequences of 2048 one of 2
-    assert "data.micro_batch_size=8" in sc["books-mamba-s-T128"]["overrides"]
-    assert "data.micro_batch_size=2" in sc["books-mamba-s-T2048"]["overrides"]
+    matched = {v["config"]: v for v in sc.values() if v.get("matched")}
+    assert set(matched) == {
+        f"books-{m}-s-T1024-matched" for m in ("tf_finetune", "ttt_linear_m", "ttt_mlp_m")
+    }
+    assert all(abs(v["flops_ratio"] - 1) < 0.1 for v in matched.values())
+    # TF finetune matched in FLOPs is a pretraining at the base context (fewer blocks), then the finetune
+    assert matched["books-tf_finetune-s-T1024-matched"]["after"].startswith(
+        "books-transformer-s-T128-matched"
+    )
+    # 4096 tokens per batch: 32 sequences of 128 fill micro-batches of 16, 4 sequences of 1024 one of 4
+    assert "data.micro_batch_size=16" in sc["books-mamba-s-T128-s0"]["overrides"]
+    assert "data.micro_batch_size=4" in sc["books-mamba-s-T1024-s0"]["overrides"]
+    # three seeds for the key comparisons (largest size, longest Books context), one elsewhere
+    assert "books-mamba-s-T1024-s2" in sc and "books-mamba-xs-T1024-s1" not in sc
 
 
 def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monkeypatch):
@@ -72,18 +89,24 @@ def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monke
     assert json.loads((tmp_path / "ok" / "run.json").read_text())["command"].startswith("ttt-bench train ")
 
 
-def test_table1_markdown_has_diff_columns():
+def test_table1_markdown_has_means_diffs_floors_and_undertrained_marks():
     reg = pd.DataFrame(
         {
-            "row": [2, 1],
-            "label": ["B", "A"],
-            "val_ppl": [9.0, 10.0],
-            "paper_ppl": [15.23, 15.91],
-            "status": ["finished", "finished"],
+            "run": ["b-s0", "b-s1", "a-s0", "a-s1", "tf-s0"],
+            "config": ["2-b", "2-b", "1-a", "1-a", "tf"],
+            "seed": [0, 1, 0, 1, 0],
+            "row": [2, 2, 1, 1, None],
+            "label": ["B", "B", "A", "A", "Transformer++"],
+            "val_ppl": [9.0, 9.2, 15.0, 15.0, 8.0],
+            "paper_ppl": [15.23, 15.23, 15.91, 15.91, None],
+            "status": ["finished"] * 5,
         }
     )
-    _, md = table1(reg)
-    assert "| A | 10.00 | - | 15.91 | - |" in md and "| B | 9.00 | -1.00 | 15.23 | -0.68 |" in md
+    floors = pd.DataFrame({"floor": ["unigram", "bigram"], "val_ppl": [27.0, 14.0]})
+    _, md = table1(reg, floors)
+    assert "| A | 15.00 +- 0.00 (under-trained) | - | 2 | 15.91 | - |" in md
+    assert "| B | 9.10 +- 0.14 | -5.90 | 2 | 15.23 | -0.68 |" in md
+    assert "*Transformer++ (reference)* | 8.00 |" in md and "| *bigram floor* | 14.00 |" in md
 
 
 def test_time_w_and_z_splits_forward_time():
@@ -109,26 +132,35 @@ def test_lower_hull_and_figures(tmp_path):
 
 @pytest.mark.slow
 def test_reproduce_smoke(tmp_path, monkeypatch):
-    """`make reproduce PROFILE=smoke` end to end into tmp folders: registries, Table 1, figures, REPORT."""
+    """`make reproduce PROFILE=smoke` end to end in tmp folders: each step's folder, REPORT with verdicts."""
     require_models()
     from ttt_bench import reproduce
+    from ttt_bench.experiments.claims import CLAIMS
 
-    out = tmp_path / "results"
-    reproduce.main(["--profile", "smoke", "--out", str(out), "--runs", str(tmp_path / "runs")])
+    root = tmp_path / "results"
+    reproduce.main(["--profile", "smoke", "--out", str(root), "--runs", str(tmp_path / "runs")])
+    out = root / "smoke-synthetic"
     for name in (
-        "table1.csv",
-        "table1.md",
-        "minibatch.csv",
-        "minibatch_timing.csv",
-        "scaling.csv",
+        "table1/registry.csv",
+        "table1/table1.md",
+        "table1/floors.csv",
+        "table1/step.json",
+        "minibatch/timing.csv",
+        "minibatch/inner_loss.csv",
+        "minibatch/minibatch.png",
+        "scaling/scaling.pdf",
+        "scaling/token_index.csv",
         "REPORT.md",
-        "figures/minibatch.png",
-        "figures/scaling.pdf",
+        "claims.csv",
     ):
         assert (out / name).is_file(), name
     report = (out / "REPORT.md").read_text()
-    assert "## Table 1" in report and "Figure 8" in report and "wall time" in report
-    assert (pd.read_csv(out / "table1.csv")["status"] == "finished").all()
+    assert (
+        "## Table 1" in report and "Figure 8" in report and "Wall time" in report and "bigram floor" in report
+    )
+    assert (pd.read_csv(out / "table1" / "registry.csv")["status"] == "finished").all()
+    claims = pd.read_csv(out / "claims.csv")
+    assert len(claims) == len(CLAIMS) and "holds" not in set(claims["verdict"])  # one seed: nothing holds
 
 
 def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concurrency(tmp_path, monkeypatch):
@@ -136,10 +168,20 @@ def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concur
     sweeps writing one registry at once leave a complete, parseable table (per-run files merged on read)."""
     import threading
 
-    tiny = ["data=synthetic", "data.corpus.train_docs=20", "data.corpus.validation_docs=4",
-            "data.corpus.mean_doc_bytes=4000", "data.seq_len=64", "recipe.tokens_per_batch=512",
-            "data.micro_batch_size=4", "trainer.max_steps=2", "data.val_tokens=1024", "size=xs",
-            "trainer.enable_progress_bar=false", "model=transformer"]
+    tiny = [
+        "data=synthetic",
+        "data.corpus.train_docs=20",
+        "data.corpus.validation_docs=4",
+        "data.corpus.mean_doc_bytes=4000",
+        "data.seq_len=64",
+        "recipe.tokens_per_batch=512",
+        "data.micro_batch_size=4",
+        "trainer.max_steps=2",
+        "data.val_tokens=1024",
+        "size=xs",
+        "trainer.enable_progress_bar=false",
+        "model=transformer",
+    ]
     plan = {"a": sweeps._run([*tiny, "seed=1"], label="a"), "b": sweeps._run([*tiny, "seed=2"], label="b")}
     monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: plan)
     sweeps.run_sweep("table1", "smoke", tmp_path)
@@ -165,3 +207,29 @@ def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concur
         t.join()
     assert not errors and list(pd.read_csv(tmp_path / "registry.csv")["run"]) == ["a", "b"]
     assert not list(tmp_path.glob(".registry.csv.*"))  # no temporary files left behind
+
+
+def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_composed_configs():
+    """PROFILE=paper: the Llama tokenizer, bf16-mixed on the GPU trainer, the paper recipe with 0.5M tokens
+    per batch; every planned run's cost is the FLOPs of the config it composes, over its token budget."""
+    require_models()
+    from omegaconf import OmegaConf
+
+    from ttt_bench.config import compose
+    from ttt_bench.flops import flops_per_token
+    from ttt_bench.reproduce import LLAMA_VOCAB, paper_plan
+
+    plan = paper_plan("/data")
+    assert set(plan["sweep"]) == {"table1", "minibatch", "scaling"}
+    assert set(plan["tokenizer"]) == {"meta-llama/Llama-2-7b-hf"} and set(plan["precision"]) == {"bf16-mixed"}
+    assert set(plan["tokens_per_batch"]) == {524288}
+    for row in plan.sample(8, random_state=0).itertuples():
+        cfg = compose("train", row.overrides)
+        assert (
+            cfg.recipe.name == "paper"
+            and cfg.data.tokenizer.kind == "hf"
+            and cfg.trainer.accelerator == "gpu"
+        )
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        cost = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)["train"] * cfg.recipe.total_tokens
+        assert row.train_flops == pytest.approx(cost) and row.seq_len == cfg.data.seq_len

@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from tests.conftest import rel_err
 from ttt_bench.models import layers
-from ttt_bench.models.layers import CausalConv1d, RMSNorm, rope_cos_sin, rope_freqs
-from ttt_bench.models.ttt.layer import apply_rope_pairs
+from ttt_bench.models.layers import CausalConv1d, RMSNorm, apply_rope_pairs, rope_cos_sin, rope_freqs
 
 pytestmark = pytest.mark.usefixtures("float64_one_thread")
 

@@ -42,6 +42,7 @@ def register_resolvers() -> None:
         "ttt.steps": _steps,
         "ttt.repo_root": lambda: str(REPO_ROOT),
         "ttt.mul": lambda a, b: a * b,
+        "ttt.div": lambda a, b: a // b,
     }.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

@@ -1,10 +1,12 @@
 """Analytic training FLOPs per token for every model of conf/model/, and matched-FLOPs configs.
 
-Conventions (those of PaLM's 6N + 12LHQT and of torch.utils.flop_counter):
+Conventions (PaLM's 6N + 12LHQT and torch.utils.flop_counter's, with causal attention as Kaplan et al.):
   * a matmul of [m, k] x [k, n] costs 2mkn FLOPs; elementwise ops, norms and softmax cost nothing,
     except Mamba's selective scan, counted as 9 E N per token (mamba-ssm's own count);
-  * attention's T-dependent term counts the full T x T score matrix (4 T d per token and layer:
-    Q K^T and A V), without the causal saving, as FlopCounterMode does;
+  * attention is causal: token t (1..T) attends to t positions, (T+1)/2 on average, and each costs
+    2 d for Q K^T and 2 d for A V, so the T-dependent term is 4 d (T+1)/2 = 2 d (T+1) FLOPs per token
+    and layer (forward), half of the full T x T matrices that FlopCounterMode sees in SDPA's math
+    backend (Kaplan et al.'s 2 n_layer n_ctx d_attn, up to the +1); the same for the TTT kernel learner;
   * training = forward + backward = 3x forward (backward computes the gradients of both matmul inputs),
     plus one more forward of the inner loop when TTT checkpoints through time.
 The embedding lookup is free; the (tied) LM head costs 2 d V per token.
@@ -34,9 +36,14 @@ def _mlp(d: int, hidden: int) -> float:
     return 6.0 * d * hidden  # SwiGLU: w1, w3 [d, h] and w2 [h, d]
 
 
+def _causal_attention(d: int, T: int) -> float:
+    """Q K^T and A V over the (T+1)/2 positions a token attends to on average: 4 d (T+1)/2 per token."""
+    return 2.0 * d * (T + 1)
+
+
 def _transformer(block: Mapping, T: int) -> dict:
     d = block["d_model"]
-    return {"dense": 8.0 * d * d + _mlp(d, block["mlp_hidden"]), "sequence": 4.0 * T * d}
+    return {"dense": 8.0 * d * d + _mlp(d, block["mlp_hidden"]), "sequence": _causal_attention(d, T)}
 
 
 def _linear_attention(block: Mapping, T: int) -> dict:
@@ -79,7 +86,7 @@ def _ttt(block: Mapping, T: int) -> dict:
         dense += 3 * 2.0 * d * k
     learner = block.get("learner", "linear")
     if learner == "kernel":
-        return {"dense": dense, "sequence": 4.0 * T * d}
+        return {"dense": dense, "sequence": _causal_attention(d, T)}
     if learner == "linear":
         dims = [(f, f)]
     else:
@@ -138,6 +145,12 @@ def train_flops(cfg, vocab_size: int, tokens: int) -> float:
     return flops_per_token(model, int(cfg.data.seq_len), vocab_size)["train"] * tokens
 
 
+def schedule_train_flops(model: Mapping, schedule: list[tuple[int, float]], vocab_size: int) -> float:
+    """Training FLOPs per token of a token budget spent on a mix of contexts: `schedule` lists
+    (context, tokens as a fraction of the budget), e.g. TF finetune: [(2048, 1.0), (32768, 0.2)]."""
+    return sum(frac * flops_per_token(model, T, vocab_size)["train"] for T, frac in schedule)
+
+
 def match_flops(
     model: Mapping,
     reference: Mapping,
@@ -145,14 +158,22 @@ def match_flops(
     vocab_size: int,
     by: str = "depth",
     multiple_of: int = 16,
+    schedule: list[tuple[int, float]] | None = None,
 ) -> tuple[dict, float]:
-    """Change `model`'s depth (by="depth") or MLP width (by="width") so that its training FLOPs per token
-    match `reference`'s, as Appendix C (Transformer 24 -> 19 blocks; TTT MLP hidden 5504 -> 5808 / 5248
-    to match Mamba 1.4B). Returns the config overrides and the achieved ratio model / reference."""
+    """Change `model`'s depth (by="depth") or MLP width (by="width", a multiple of `multiple_of`) so that
+    its training FLOPs match `reference`'s, trained at `seq_len` on a token budget; `model` spends that
+    budget per `schedule`, [(context, fraction of the reference's tokens)], by default [(seq_len, 1.0)].
+    Returns the config overrides and the achieved ratio model / reference.
+
+    Appendix C (Figures 2 right and 14): every method matches Mamba 1.4B trained at 32k; TF finetune is
+    pretrained on the Chinchilla budget at 2k, then finetuned on 20% more tokens at 32k, so
+    schedule=[(2048, 1.0), (32768, 0.2)]. The paper: Transformer 24 -> 19 blocks, TTT MLP hidden
+    5504 -> 5808 (TTT-Linear) and 5248 (TTT-MLP)."""
+    schedule = schedule or [(seq_len, 1.0)]
     target = flops_per_token(reference, seq_len, vocab_size)["train"]
 
     def ratio(m: Mapping) -> float:
-        return flops_per_token(m, seq_len, vocab_size)["train"] / target
+        return schedule_train_flops(m, schedule, vocab_size) / target
 
     if by == "depth":
         per_layer = ratio({**model, "n_layers": 1}) - ratio({**model, "n_layers": 0})

@@ -1,12 +1,15 @@
-"""`make reproduce [PROFILE=smoke|cpu|paper] [DATA_DIR=...]`: the whole pipeline into results/.
+"""`make reproduce [PROFILE=quick|cpu|smoke|paper] [DATA_DIR=...]`: the whole pipeline into results/.
 
-Table 1 and Figure 8 ablations, the inner losses of Figure 17, the scaling ladder with TF finetune and the
-matched-FLOPs token-index runs, the latency benchmark, every figure, and results/REPORT.md. Runs (with their
-checkpoints) go to $TTT_BENCH_RUNS/reproduce-PROFILE; re-running skips finished runs. PROFILE=paper without
-a GPU prints the plan (runs, tokens, FLOPs, estimated GPU-hours) and stops.
+Each step is one sweep (Table 1, Figure 8 with Figures 5/17, the scaling grid) or the latency benchmark;
+it writes its own folder `<out>/<profile>/<step>/` when it finishes (registry with every seed, n-gram
+floors, tables, figures, `step.json` with its command, hardware and wall time), so a long run can be
+committed sweep by sweep. `REPORT.md` is then assembled from every step folder present, judged by the
+claim table (experiments/claims.py). Runs (with checkpoints) go to $TTT_BENCH_RUNS/reproduce-<profile>;
+re-running resumes and skips finished runs. PROFILE=paper without a GPU prints the plan and stops.
 """
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -20,16 +23,19 @@ import torch
 from .bench.common import hardware
 from .bench.models import summary as models_summary
 from .experiments import figures
-from .experiments.measure import inner_losses, table1, time_w_and_z
-from .experiments.sweeps import load_sweep, plan_sweep, run_sweep
-from .io import write_atomic
+from .experiments.claims import Results, judge_all
+from .experiments.measure import inner_losses, summary_table, table1, time_w_and_z
+from .experiments.sweeps import Progress, load_sweep, plan_sweep, run_sweep
+from .io import write_atomic, write_json
 
 log = logging.getLogger("ttt_bench.reproduce")
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4
+LLAMA_VOCAB = 32000  # the paper's tokenizer (data.tokenizer.name of the paper profile)
+STEPS = ("table1", "minibatch", "scaling", "latency")
 
 
 def paper_plan(data_dir: str | None) -> pd.DataFrame:
-    """Every run of the paper-scale grid with its tokens and training FLOPs (Llama vocabulary)."""
+    """Every run of the paper-scale grid with the config it composes and its training cost."""
     from omegaconf import OmegaConf
 
     from .config import compose
@@ -40,251 +46,309 @@ def paper_plan(data_dir: str | None) -> pd.DataFrame:
         for name, spec in plan_sweep(sweep, "paper", data_dir).items():
             cfg = compose("train", spec["overrides"])
             tokens = float(cfg.recipe.total_tokens)
-            per_token = flops_per_token(
-                OmegaConf.to_container(cfg.model, resolve=True), cfg.data.seq_len, 32000
-            )
+            model = OmegaConf.to_container(cfg.model, resolve=True)
+            per_token = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)
             rows.append(
-                {"sweep": sweep, "run": name, "tokens": tokens, "train_flops": per_token["train"] * tokens}
+                {
+                    "sweep": sweep,
+                    "run": name,
+                    "tokens": tokens,
+                    "train_flops": per_token["train"] * tokens,
+                    "seq_len": int(cfg.data.seq_len),
+                    "tokenizer": cfg.data.tokenizer.get("name"),
+                    "precision": str(cfg.trainer.precision),
+                    "tokens_per_batch": int(cfg.recipe.tokens_per_batch),
+                    "overrides": spec["overrides"],
+                }
             )
     df = pd.DataFrame(rows)
     df["gpu_hours"] = df["train_flops"] / (A100_BF16_FLOPS * ASSUMED_MFU) / 3600
     return df
 
 
-class Report:
-    def __init__(self, profile: str, data_dir: str | None):
-        self.profile, self.data_dir, self.sections = profile, data_dir, []
-        data = f" DATA_DIR={data_dir}" if data_dir else ""
-        self.make = f"make reproduce PROFILE={profile}{data}"
-        self.flags = f" --profile {profile}" + (f" --data-dir {data_dir}" if data_dir else "")
-        self.trained_s = 0.0  # the sweeps' runs' own training wall times, summed
+class Step:
+    """One step's folder: what it measured and how (`step.json`), written when the step ends."""
 
-    def add(self, title: str, paper: str, measured: str, holds: str, command: str, wall: float,
-            registry: pd.DataFrame | None = None) -> None:
-        """`registry`: a sweep's, whose runs' own training wall times are summed too (a sweep resumed
-        after its runs finished takes little time itself)."""
-        trained = ""
-        if registry is not None and "wall_time_s" in registry:
-            seconds = float(pd.to_numeric(registry["wall_time_s"]).sum())
-            self.trained_s += seconds
-            trained = f"; its runs trained for {seconds / 60:.1f} min"
-        self.sections.append(
-            f"## {title}\n\n**Paper.** {paper}\n\n**Measured.** {measured}\n\n"
-            f"**Does the paper's claim hold at this scale?** {holds}\n\n"
-            f"**Command.** `{command}` (part of `{self.make}`); wall time {wall / 60:.1f} min{trained}.\n"
+    def __init__(self, out: Path, name: str, command: str):
+        self.dir, self.name, self.command, self.start = out / name, name, command, time.perf_counter()
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def csv(self, name: str, df: pd.DataFrame) -> None:
+        write_atomic(self.dir / name, df.to_csv(index=False))
+
+    def done(self, registry: pd.DataFrame | None = None, **info) -> None:
+        trained = (
+            float(pd.to_numeric(registry["wall_time_s"], errors="coerce").sum())
+            if (registry is not None and "wall_time_s" in registry)
+            else None
+        )
+        write_json(
+            self.dir / "step.json",
+            {
+                "step": self.name,
+                "command": self.command,
+                "hardware": hardware(),
+                "wall_time_s": round(time.perf_counter() - self.start, 1),
+                "trained_s": trained,
+                "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                **info,
+            },
         )
 
-    def write(self, path: Path, total: float) -> None:
-        data = (
-            f"real corpora in {self.data_dir} (pile-mini as the Pile, books-mini as Books)"
-            if self.data_dir
-            else "the embedded synthetic corpus"
-        )
-        head = (
-            f"# ttt-bench results ({self.profile} profile)\n\nHardware: {hardware()}. Data: {data}. "
-            f"Total wall time {total / 60:.1f} min (the sweeps' runs trained for {self.trained_s / 60:.1f} "
-            f"min of it, or earlier if this invocation resumed them). Perplexities are byte-level (the "
-            f"paper's are Llama-token level), so only orderings and trends are comparable, not values. "
-            f"Produced by `{self.make}`.\n"
-        )
-        write_atomic(path, "\n".join([head, *self.sections]))
+
+def sweep_step(name: str, ctx: dict) -> tuple[Step, pd.DataFrame]:
+    step = Step(ctx["out"], name, f"ttt-bench ablate {name}{ctx['flags']}")
+    reg = run_sweep(name, ctx["profile"], ctx["runs"] / name, ctx["data_dir"], pipeline=ctx["progress"])
+    step.csv("registry.csv", reg)
+    floors = pd.read_csv(ctx["runs"] / name / "floors.csv")
+    step.csv("floors.csv", floors)
+    return step, reg
 
 
-def verdict(ok: bool | None) -> str:
-    return "not measured (runs missing or failed)" if ok is None else ("yes" if ok else "no")
+def step_table1(ctx: dict) -> None:
+    step, reg = sweep_step("table1", ctx)
+    floors = pd.read_csv(step.dir / "floors.csv")
+    _, md = table1(reg, floors)
+    write_atomic(step.dir / "table1.md", md)
+    step.done(reg)
 
 
-def ppl(df: pd.DataFrame, **where) -> float | None:
-    sel = df[df["status"] == "finished"]
-    for k, v in where.items():
-        sel = sel[sel[k] == v]
-    return float(sel["val_ppl"].iloc[0]) if len(sel) else None
-
-
-def step_table1(rep: Report, runs: Path, out: Path) -> None:
-    start = time.perf_counter()
-    reg = run_sweep("table1", rep.profile, runs / "table1", rep.data_dir)
-    write_atomic(out / "table1.csv", reg.to_csv(index=False))
-    _, md = table1(reg)
-    write_atomic(out / "table1.md", md)
-    mb, ln, la, last = (ppl(reg, row=r) for r in (6, 5, 1, 8))
-    ok = None if None in (mb, ln, la, last) else (mb < ln and last < la)
-    rep.add(
-        "Table 1: from linear attention to TTT-Linear",
-        "Each design lowers perplexity except learnable W0 (+0.04); the biggest gain is mini-batch TTT "
-        "(b=T -> 16, -1.70), then LN and residual in f (-1.22); TTT-Linear (M) ends at 11.09 vs 15.91 for "
-        "linear attention.",
-        "\n\n" + md,
-        f"{verdict(ok)} (mini-batch TTT improves on the row above it, "
-        "and the last row beats linear attention)",
-        f"ttt-bench ablate table1{rep.flags}",
-        time.perf_counter() - start,
-        reg,
-    )
-
-
-def step_minibatch(rep: Report, runs: Path, out: Path) -> None:
-    start = time.perf_counter()
-    sweep_dir = runs / "minibatch"
-    reg = run_sweep("minibatch", rep.profile, sweep_dir, rep.data_dir)
+def step_minibatch(ctx: dict) -> None:
+    step, reg = sweep_step("minibatch", ctx)
+    sweep_dir = ctx["runs"] / "minibatch"
     t = load_sweep("minibatch")
-    timing = time_w_and_z(t["mini_batch_sizes"], **t["timing"][rep.profile])
-    write_atomic(sweep_dir / "timing.csv", timing.to_csv(index=False))
-    write_atomic(out / "minibatch.csv", reg.to_csv(index=False))
-    write_atomic(out / "minibatch_timing.csv", timing.to_csv(index=False))
-    figures.minibatch(reg, timing, out / "figures" / "minibatch")
-    small, full = ppl(reg, mini_batch="1"), ppl(reg, mini_batch="T")
-    rows = ", ".join(f"b={r.mini_batch}: {r.val_ppl:.3f}" for r in reg.itertuples() if r.status == "finished")
-    times = ", ".join(
-        f"b={r.mini_batch}: {r.total_ms:.1f} ms ({r.w_ms:.1f} for W's)" for r in timing.itertuples()
+    timing = time_w_and_z(t["mini_batch_sizes"], **t["timing"][ctx["profile"]])
+    step.csv("timing.csv", timing)
+    floors = json.loads((sweep_dir / "floors.json").read_text())
+    figures.minibatch(reg, timing, step.dir / "minibatch", floors=floors)
+    # Figures 5/17: the inner losses of the b=1 networks of Figure 8, one per seed
+    losses = []
+    for r in reg[(reg["mini_batch"].astype(str) == "1") & (reg["status"] == "finished")].itertuples():
+        ckpt = sweep_dir / r.run / "checkpoints" / "last.ckpt"
+        losses.append(inner_losses(str(ckpt)).assign(seed=r.seed))
+    if losses:
+        df = pd.concat(losses, ignore_index=True)
+        step.csv("inner_loss.csv", df)
+        figures.inner_loss(df[df["seed"] == df["seed"].min()], step.dir / "inner_loss")
+    write_atomic(
+        step.dir / "minibatch.md", summary_table(reg, ["label"], pd.read_csv(step.dir / "floors.csv"))
     )
-    faster = timing["total_ms"].iloc[0] > timing.loc[timing["mini_batch"] == 16, "total_ms"].min()
-    rep.add(
-        "Figure 8: TTT mini-batch size",
-        "Smaller b gives lower perplexity (more GD steps); forward time in dual form falls with b as the W's "
-        "parallelise, then the z's (O(T b d)) dominate; b=16 is the chosen trade-off.",
-        f"Perplexity: {rows}. Forward time of one TTT-Linear layer: {times}. Figure: figures/minibatch.png.",
-        f"perplexity: {verdict(None if None in (small, full) else small < full)} (b=1 below b=T); time: "
-        f"{verdict(bool(faster))} (b=16 faster than b=1)",
-        f"ttt-bench ablate minibatch{rep.flags}",
-        time.perf_counter() - start,
-        reg,
-    )
-    # Figure 17 uses the b=1 network of Figure 8
-    start = time.perf_counter()
-    ckpt = sweep_dir / "b1" / "checkpoints" / "last.ckpt"
-    if not ckpt.is_file():
-        rep.add(
-            "Figures 5/17: inner losses",
-            "",
-            "not measured: the b=1 run did not finish",
-            verdict(None),
-            "",
-            time.perf_counter() - start,
-        )
-        return
-    losses = inner_losses(str(ckpt))
-    write_atomic(out / "inner_loss.csv", losses.to_csv(index=False))
-    figures.inner_loss(losses, out / "figures" / "inner_loss")
-    mean = losses[["w0", "prev", "now"]].mean()
-    late = losses[losses["position"] > losses["position"].max() / 2]
-    gap_early = (losses["w0"] - losses["now"])[losses["position"] <= losses["position"].max() / 2].mean()
-    gap_late = (late["w0"] - late["now"]).mean()
-    rep.add(
-        "Figures 5/17: inner losses of TTT-Linear",
-        "One GD step lowers the TTT loss from l(W_{t-1}; x_t) to l(W_t; x_t), and l(W_t; x_t) improves "
-        "further from l(W_0; x_t) as t grows.",
-        f"Mean over layers and positions: l(W_0)={mean['w0']:.4f}, l(W_t-1)={mean['prev']:.4f}, "
-        f"l(W_t)={mean['now']:.4f}; gap l(W_0)-l(W_t) {gap_early:.4f} in the first half of the context, "
-        f"{gap_late:.4f} in the second. Figure: figures/inner_loss.png.",
-        f"{verdict(bool(mean['now'] < mean['prev'] and gap_late > gap_early))}",
-        f'python -c "from ttt_bench.experiments.measure import inner_losses; '
-        f"print(inner_losses('{ckpt}'))\"",
-        time.perf_counter() - start,
-    )
+    step.done(reg)
 
 
-def step_scaling(rep: Report, runs: Path, out: Path) -> None:
-    start = time.perf_counter()
-    sweep_dir = runs / "scaling"
-    reg = run_sweep("scaling", rep.profile, sweep_dir, rep.data_dir)
-    write_atomic(out / "scaling.csv", reg.to_csv(index=False))
-    drawn = []
+def step_scaling(ctx: dict) -> None:
+    step, reg = sweep_step("scaling", ctx)
+    sweep_dir = ctx["runs"] / "scaling"
+    floors = json.loads((sweep_dir / "floors.json").read_text())
     for name, draw in (
-        ("scaling", lambda s: figures.scaling(reg, s)),
-        ("context", lambda s: figures.context(reg, s)),
-        ("token_index", lambda s: figures.token_index(reg, sweep_dir, s)),
+        ("scaling", lambda s: figures.scaling(reg, s, floors=floors)),
+        ("context", lambda s: figures.context(reg, s, floors=floors)),
+        ("token_index", lambda s: figures.token_index(reg, sweep_dir, s, floors=floors)),
     ):
         try:
-            draw(out / "figures" / name)
-            drawn.append(f"figures/{name}.png")
+            draw(step.dir / name)
         except ValueError as e:
-            drawn.append(f"{name}: not drawn ({e})")
-    fin = reg[reg["status"] == "finished"]
-    longest = fin[fin["role"] == "pile"]["seq_len"].max() if len(fin) else None
-    pairs = []
-    for size in fin["size"].dropna().unique():
-        t, m = (
-            ppl(reg, role="pile", seq_len=longest, size=size, method=k) for k in ("ttt_linear_m", "mamba")
-        )
-        if t is not None and m is not None:
-            pairs.append((size, t, m))
-    ft = [
-        (
-            ppl(reg, method="tf_finetune", size=r.size, seq_len=r.seq_len),
-            ppl(reg, method="transformer", role="books", size=r.size, seq_len=r.seq_len),
-        )
-        for r in fin[fin["method"] == "tf_finetune"].itertuples()
+            log.warning("figure %s not drawn: %s", name, e)
+    curves = []  # the matched-FLOPs token-index curves and their reference, kept beside the registry
+    chosen = reg[
+        reg.get("matched", pd.Series(index=reg.index)).notna() | reg["config"].isin(reg["reference"])
     ]
-    ft = [p for p in ft if None not in p]
-    failed = int((reg["status"] != "finished").sum())
-    rep.add(
-        "Figures 11-14, 18: scaling, context length, token index",
-        "At short context TTT-Linear (M), Mamba and Transformer are comparable; at longer context (Pile 8k, "
-        "Books 32k) TTT-Linear/MLP (M) beat Mamba. TF finetune beats TF pretrain. With matched FLOPs, "
-        "Transformer and TTT keep improving with token index while Mamba plateaus after 16k.",
-        f"{len(fin)} of {len(reg)} runs finished ({failed} failed or pending; see scaling.csv). "
-        f"At the longest Pile-like context T={longest}: "
-        + ", ".join(f"{s}: TTT-Linear (M) {t:.3f} vs Mamba {m:.3f}" for s, t, m in pairs)
-        + ". TF finetune vs TF pretrain at the same context: "
-        + ", ".join(f"{a:.3f} vs {b:.3f}" for a, b in ft)
-        + "."
-        f" Figures: {'; '.join(drawn)}.",
-        f"TTT-Linear (M) below Mamba at the longest context: "
-        f"{verdict(all(t < m for _, t, m in pairs) if pairs else None)}; TF finetune below TF pretrain: "
-        f"{verdict(all(a < b for a, b in ft) if ft else None)}",
-        f"ttt-bench ablate scaling{rep.flags}",
-        time.perf_counter() - start,
-        reg,
-    )
+    for r in chosen[chosen["status"] == "finished"].itertuples():
+        path = sweep_dir / r.run / "token_index.csv"
+        if path.is_file():
+            curves.append(pd.read_csv(path).assign(run=r.run))
+    if curves:
+        step.csv("token_index.csv", pd.concat(curves, ignore_index=True))
+    keys = ["role", "size", "seq_len", "label", "matched"]
+    write_atomic(step.dir / "scaling.md", summary_table(reg, keys, pd.read_csv(step.dir / "floors.csv")))
+    step.done(reg)
 
 
-# Figures 3/15: the latency suite of `ttt-bench bench models` at the profile's size (smoke profiles skip it)
+# Figures 3/15: the latency suite of `ttt-bench bench models` at the profile's size (smoke skips it)
 LATENCY = {
+    "quick": [
+        "--preset",
+        "cpu-ref",
+        "--phases",
+        "prefill,decode",
+        "--contexts",
+        "1024-8192",
+        "--repeats",
+        "1",
+    ],
     "cpu": ["--preset", "cpu-ref", "--phases", "prefill,decode"],
-    "paper": ["--size", "1.3b", "--batch", "16", "--decode-batch", "512", "--dtype", "bfloat16",
-              "--contexts", "1024-32768", "--phases", "prefill,decode"],
+    "paper": [
+        "--size",
+        "1.3b",
+        "--batch",
+        "16",
+        "--decode-batch",
+        "512",
+        "--dtype",
+        "bfloat16",
+        "--contexts",
+        "1024-32768",
+        "--phases",
+        "prefill,decode",
+    ],
 }
 
 
-def step_latency(rep: Report, out: Path) -> None:
-    start = time.perf_counter()
-    csv = out / "latency.csv"
-    cmd = [sys.executable, "-m", "ttt_bench.cli.main", "bench", "models", *LATENCY[rep.profile]]
-    cmd += ["--out", str(csv)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    holds = verdict(None)
+def step_latency(ctx: dict) -> None:
+    cmd = [sys.executable, "-m", "ttt_bench.cli.main", "bench", "models", *LATENCY[ctx["profile"]]]
+    step = Step(ctx["out"], "latency", " ".join(["ttt-bench bench models", *LATENCY[ctx["profile"]]]))
+    csv = step.dir / "latency.csv"
+    done = subprocess.run([*cmd, "--out", str(csv)], capture_output=True, text=True)
     if done.returncode:
-        measured = f"benchmark failed: {(done.stderr.strip().splitlines() or [''])[-1]}"
-    else:
-        bench = pd.read_csv(csv)
-        figures.latency(bench, out / "figures" / "latency")
-        lines = [ln for ln in models_summary(bench) if ln.startswith(("prefill", "decode"))]
-        measured = "; ".join(lines) + ". latency.csv, figures/latency.png"
-        lat = bench[bench.phase == "prefill"].pivot_table(index="context", columns="model",
-                                                          values="latency_ms_per_token")
-        if {"ttt_linear", "transformer"} <= set(lat.columns) and lat.index.max() >= 8192:
-            holds = verdict(bool((lat.loc[lat.index >= 8192, "ttt_linear"]
-                                  < lat.loc[lat.index >= 8192, "transformer"]).all()))
-    rep.add(
+        step.done(error=(done.stderr.strip().splitlines() or [""])[-1])
+        return
+    figures.latency(pd.read_csv(csv), step.dir / "latency")
+    step.done()
+
+
+RUNNERS = {
+    "table1": step_table1,
+    "minibatch": step_minibatch,
+    "scaling": step_scaling,
+    "latency": step_latency,
+}
+
+
+# ---- the report, from the step folders ----
+
+SECTIONS = {  # step -> (title, what the paper found, figures and tables of the step folder)
+    "table1": (
+        "Table 1: from linear attention to TTT-Linear",
+        "Each design lowers perplexity except learnable W0 (+0.04); the biggest gain is mini-batch TTT "
+        "(b = T -> 16, -1.70), then LN and residual in f (-1.22); TTT-Linear (M) ends at 11.09 vs 15.91 "
+        "for linear attention (125M, Pile 2k, Llama tokens).",
+        ["table1.md"],
+        ["Table 1"],
+    ),
+    "minibatch": (
+        "Figure 8 and Figures 5/17: TTT mini-batch size, inner losses",
+        "Smaller b gives lower perplexity (more GD steps); dual-form forward time falls with b, then the "
+        "z's (O(T b d)) dominate. One GD step lowers the inner loss, and l(W_t; x_t) improves further "
+        "from l(W_0; x_t) as t grows.",
+        ["minibatch.md", "minibatch.png", "inner_loss.png"],
+        ["Figure 8", "Figures 5/17"],
+    ),
+    "scaling": (
+        "Figures 11-14, 18: scaling, context length, token index",
+        "At short context TTT-Linear (M), Mamba and the Transformer are comparable; at long context "
+        "(Pile 8k, Books 32k) TTT-Linear/MLP (M) beat Mamba. TF finetune beats TF pretrain. With matched "
+        "FLOPs, the Transformer and TTT keep improving with token index while Mamba plateaus after 16k.",
+        ["scaling.md", "scaling.png", "context.png", "token_index.png"],
+        ["Figures 11-14, 18"],
+    ),
+    "latency": (
         "Figures 3/15: latency",
-        "Forward latency per token grows with context for the Transformer and stays "
-        "flat for TTT-Linear and Mamba; TTT-Linear is faster than the Transformer from 8k context.",
-        measured,
-        f"TTT-Linear prefill faster than the Transformer at every context from 8k: {holds}",
-        " ".join(cmd[2:]).replace("ttt_bench.cli.main", "ttt-bench"),
-        time.perf_counter() - start,
+        "Forward latency per token grows with context for the Transformer and stays flat for TTT-Linear "
+        "and Mamba; TTT-Linear is faster than the Transformer from 8k context.",
+        ["latency.png"],
+        ["Figures 3/15"],
+    ),
+}
+
+
+def read_results(out: Path) -> Results:
+    def csv(step, name):
+        path = out / step / name
+        return pd.read_csv(path) if path.is_file() else None
+
+    floors = [
+        f.assign(sweep=s)
+        for s in ("table1", "minibatch", "scaling")
+        if (f := csv(s, "floors.csv")) is not None
+    ]
+    return Results(
+        table1=csv("table1", "registry.csv"),
+        minibatch=csv("minibatch", "registry.csv"),
+        scaling=csv("scaling", "registry.csv"),
+        timing=csv("minibatch", "timing.csv"),
+        inner_loss=csv("minibatch", "inner_loss.csv"),
+        token_index=csv("scaling", "token_index.csv"),
+        latency=csv("latency", "latency.csv"),
+        floors=pd.concat(floors, ignore_index=True).drop_duplicates(["role", "seq_len", "floor"])
+        if floors
+        else None,
     )
+
+
+def write_report(out: Path, profile: str, data_dir: str | None, make: str) -> Path:
+    results = read_results(out)
+    verdicts = judge_all(results)
+    write_atomic(out / "claims.csv", verdicts.to_csv(index=False))
+    data = (
+        "real corpora (pile-mini as the Pile, books-mini as Books)"
+        if data_dir
+        else "the embedded synthetic corpus (it stands in for both the Pile and Books)"
+    )
+    parts = [
+        f"# ttt-bench results ({profile} profile)\n",
+        f"Produced by `{make}` on {data}. Perplexities are per byte (the paper's are per Llama token), so "
+        "only orderings and trends compare with the paper, not values. Every verdict below is computed by "
+        "`ttt_bench/experiments/claims.py` from the registries in this folder: a difference whose 95% "
+        "interval over seeds contains 0, or that uses a run that does not beat the byte-bigram floor, is "
+        "inconclusive. Each step's folder holds its registry (every seed), floors, tables and figures.\n",
+        "## Verdicts\n",
+        "| claim | verdict |",
+        "|---|---|",
+    ]
+    parts += [f"| {r.figure}: {r.claim} | **{r.verdict}** |" for r in verdicts.itertuples()]
+    parts.append("")
+    for step, (title, paper, files, figs) in SECTIONS.items():
+        meta_path = out / step / "step.json"
+        parts.append(f"## {title}\n\n**Paper.** {paper}\n")
+        if not meta_path.is_file():
+            parts.append(f"**Not run yet in this profile.** `{make} STEPS={step}` runs it.\n")
+            continue
+        meta = json.loads(meta_path.read_text())
+        if meta.get("error"):
+            parts.append(f"**Failed:** {meta['error']}\n")
+        for f in files:
+            path = out / step / f
+            if path.suffix == ".md" and path.is_file():
+                parts.append(path.read_text())
+            elif path.is_file():
+                parts.append(f"![{f}]({step}/{f})\n")
+        if results.latency is not None and step == "latency":
+            parts.append(
+                "; ".join(
+                    line for line in models_summary(results.latency) if line.startswith(("prefill", "decode"))
+                )
+                + "\n"
+            )
+        for r in verdicts[verdicts["figure"].isin(figs)].itertuples():
+            parts.append(f"- **{r.verdict}** — {r.claim} {r.evidence}.")
+        trained = f"; its runs trained for {meta['trained_s'] / 60:.1f} min" if meta.get("trained_s") else ""
+        parts.append(
+            f"\n**Command.** `{meta['command']}` (part of `{make}`). Hardware: {meta['hardware']}. "
+            f"Wall time {meta['wall_time_s'] / 60:.1f} min{trained}; finished {meta['finished']}.\n"
+        )
+    write_atomic(out / "REPORT.md", "\n".join(parts))
+    return out / "REPORT.md"
+
+
+def output_dir(results: Path, profile: str, data_dir: str | None) -> Path:
+    """results/<profile> for real data, results/<profile>-synthetic without: runs of another profile or
+    corpus never overwrite the committed results/cpu."""
+    return results / (profile if data_dir else f"{profile}-synthetic")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ttt_bench.reproduce", description=__doc__.splitlines()[0])
-    p.add_argument("--profile", choices=("smoke", "cpu", "paper"), default="cpu")
+    p.add_argument("--profile", choices=("smoke", "quick", "cpu", "paper"), default="quick")
     p.add_argument("--data-dir", help="folder with pile-mini/ and books-mini/ (default: synthetic data)")
-    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--out", type=Path, default=Path("results"), help="results root (default results/)")
     p.add_argument("--runs", type=Path, help="run folders (default: $TTT_BENCH_RUNS/reproduce-PROFILE)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    p.add_argument("--report-only", action="store_true", help="assemble REPORT.md from the step folders")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    steps = [s for s in a.steps.split(",") if s]
+    if unknown := set(steps) - set(STEPS):
+        p.error(f"unknown step(s) {', '.join(sorted(unknown))}; use {','.join(STEPS)}")
     if a.profile == "paper" and not torch.cuda.is_available():
         plan = paper_plan(a.data_dir)
         print(
@@ -294,21 +358,34 @@ def main(argv: list[str] | None = None) -> None:
             .to_string(float_format="{:.3g}".format)
         )
         print(
-            f"total: {len(plan)} runs, {plan['tokens'].sum():.3g} tokens, "
-            f"{plan['train_flops'].sum():.3g} FLOPs, ~{plan['gpu_hours'].sum():.0f} A100-hours at "
-            f"{ASSUMED_MFU:.0%} MFU. No GPU here: nothing was run."
+            f"total: {len(plan)} runs, {plan['tokens'].sum():.3g} tokens, {plan['train_flops'].sum():.3g} "
+            f"FLOPs, ~{plan['gpu_hours'].sum():.0f} A100-hours at {ASSUMED_MFU:.0%} MFU. "
+            "No GPU here: nothing was run."
         )
         return
-    runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
-    start = time.perf_counter()
-    rep = Report(a.profile, a.data_dir)
-    step_table1(rep, runs, a.out)
-    step_minibatch(rep, runs, a.out)
-    step_scaling(rep, runs, a.out)
-    if a.profile != "smoke":
-        step_latency(rep, a.out)
-    rep.write(a.out / "REPORT.md", time.perf_counter() - start)
-    print(f"results in {a.out}/ (REPORT.md)")
+    out = output_dir(a.out, a.profile, a.data_dir)
+    data = f" DATA_DIR={a.data_dir}" if a.data_dir else ""
+    make = f"make reproduce PROFILE={a.profile}{data}"
+    if not a.report_only:
+        runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
+        progress = Progress()
+        for s in steps:
+            if s != "latency":
+                progress.plan(plan_sweep(s, a.profile, a.data_dir), (runs / s).resolve())
+        ctx = {
+            "profile": a.profile,
+            "data_dir": a.data_dir,
+            "out": out,
+            "runs": runs.resolve(),
+            "progress": progress,
+            "flags": f" --profile {a.profile}" + (f" --data-dir {a.data_dir}" if a.data_dir else ""),
+        }
+        for s in steps:
+            if s == "latency" and a.profile == "smoke":
+                continue
+            RUNNERS[s](ctx)
+            write_report(out, a.profile, a.data_dir, make)  # after every step: committable as it goes
+    print(f"results in {write_report(out, a.profile, a.data_dir, make)}")
 
 
 if __name__ == "__main__":

@@ -10,29 +10,76 @@ import torch
 from ..models.ttt.dual_scan import ttt_linear_dual
 
 
-def table1(registry: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """Table 1 with our perplexity and the paper's, each with its Diff. column (change from the row above)."""
-    df = registry.sort_values("row")
-    ours = pd.to_numeric(df["val_ppl"], errors="coerce").where(df["status"] == "finished")
-    table = pd.DataFrame(
-        {
-            "Configuration": df["label"].values,
-            "Ppl.": ours.round(2).values,
-            "Diff.": ours.diff().round(2).values,
-            "Paper Ppl.": df["paper_ppl"].values,
-            "Paper Diff.": df["paper_ppl"].diff().round(2).values,
-            "status": df["status"].values,
-        }
+def by_config(reg: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (its seeds aggregated): mean, std and n of val_ppl, in plan order; runs
+    that did not finish are counted apart."""
+    df = reg.copy()
+    if "config" not in df:
+        df["config"] = df["run"]
+    df["val_ppl"] = pd.to_numeric(df["val_ppl"], errors="coerce").where(df["status"] == "finished")
+    grouped = df.groupby("config", sort=False)
+    out = grouped.first()
+    out["ppl_mean"], out["ppl_std"] = grouped["val_ppl"].mean(), grouped["val_ppl"].std()
+    out["seeds"] = grouped["val_ppl"].count()
+    out["not_finished"] = grouped["status"].apply(lambda s: int((s != "finished").sum()))
+    return out.reset_index()
+
+
+def fmt_ppl(mean: float, std: float, n: int) -> str:
+    if n == 0 or pd.isna(mean):
+        return "-"
+    return f"{mean:.2f}" if n < 2 else f"{mean:.2f} +- {std:.2f}"
+
+
+def floor_rows(floors: pd.DataFrame | None, columns: int) -> list[str]:
+    """Markdown rows of the n-gram floors (a table's reference lines), one per order."""
+    if floors is None or floors.empty:
+        return []
+    pad = " | " * (columns - 2)
+    return [f"| *{r.floor} floor* | {r.val_ppl:.2f}{pad}|" for r in floors.itertuples()]
+
+
+def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+    """Table 1: mean +- std over seeds, the Diff. of the means from the row above, the paper's numbers, and
+    the n-gram floors; a row that does not beat the bigram floor is marked under-trained."""
+    cfg = by_config(registry)
+    rows = cfg[cfg["row"].notna()].sort_values("row")
+    refs = cfg[cfg["row"].isna()]
+    bigram = (
+        None if floors is None or floors.empty else floors.loc[floors["floor"] == "bigram", "val_ppl"].min()
     )
     fmt = lambda v, signed=False: "-" if pd.isna(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
-    lines = ["| Configuration | Ppl. | Diff. | Paper Ppl. | Paper Diff. |", "|---|---:|---:|---:|---:|"]
-    for _, r in table.iterrows():
-        ppl = fmt(r["Ppl."]) if r["status"] == "finished" else r["status"]
+    diff, paper = rows["ppl_mean"].diff(), pd.to_numeric(rows["paper_ppl"], errors="coerce")
+    lines = [
+        "| Configuration | Ppl. (mean +- std) | Diff. | seeds | Paper Ppl. | Paper Diff. |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper.diff(), strict=True):
+        mark = " (under-trained)" if bigram is not None and r["ppl_mean"] >= bigram else ""
         lines.append(
-            f"| {r['Configuration']} | {ppl} | {fmt(r['Diff.'], True)} | {fmt(r['Paper Ppl.'])} | "
-            f"{fmt(r['Paper Diff.'], True)} |"
+            f"| {r['label']} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
+            f"{fmt(d, True)} | {r['seeds']} | {fmt(pp)} | {fmt(pd_, True)} |"
         )
+    for _, r in refs.iterrows():
+        lines.append(
+            f"| *{r['label']} (reference)* | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])} | | "
+            f"{r['seeds']} | | |"
+        )
+    lines += floor_rows(floors, 6)
+    table = pd.concat([rows, refs])[["config", "label", "ppl_mean", "ppl_std", "seeds", "paper_ppl"]]
     return table, "\n".join(lines) + "\n"
+
+
+def summary_table(registry: pd.DataFrame, keys: list[str], floors: pd.DataFrame | None = None) -> str:
+    """Any sweep as Markdown: `keys` columns, then perplexity mean +- std over seeds, and the floors."""
+    cfg = by_config(registry)
+    head = "| " + " | ".join(keys) + " | Ppl. (mean +- std) | seeds |"
+    lines = [head, "|" + "---|" * (len(keys) + 2)]
+    for _, r in cfg.iterrows():
+        values = " | ".join("" if pd.isna(r.get(k)) else str(r.get(k)) for k in keys)
+        lines.append(f"| {values} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])} | {r['seeds']} |")
+    lines += floor_rows(floors, len(keys) + 2)
+    return "\n".join(lines) + "\n"
 
 
 def _best_time(fn, repeats: int) -> float:

@@ -18,6 +18,7 @@ import logging
 import shlex
 import shutil
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from ..io import write_atomic, write_json
 
 log = logging.getLogger(__name__)
 SWEEPS = ("table1", "minibatch", "scaling")
-PROFILES = ("smoke", "cpu", "paper")
+PROFILES = ("smoke", "quick", "cpu", "paper")
 
 
 def load_sweep(name: str) -> dict:
@@ -48,24 +49,57 @@ def data_overrides(role: str, data_dir: str | None) -> list[str]:
     return [f"data={role}", f"paths.data_dir={Path(data_dir).resolve()}"]
 
 
+def corpus_name(role: str, data_dir: str | None) -> str:
+    """The corpus a run actually reads, for tables and figure titles."""
+    return "synthetic" if data_dir is None else f"{role}-mini"
+
+
 def _run(overrides: list[str], **info) -> dict:
+    """A planned run: its overrides and what the tables need to know of it (its context among them)."""
+    seq_len = [o.split("=", 1)[1] for o in overrides if o.startswith("data.seq_len=")]
+    if seq_len and seq_len[-1].isdigit():
+        info.setdefault("seq_len", int(seq_len[-1]))
     return {"overrides": list(overrides), "after": None, **info}
 
 
+def _merge(overrides: list[str], change: list[str]) -> list[str]:
+    """`overrides` with `change` applied: a key set again takes its new value in place (Hydra refuses a
+    key given twice)."""
+    keys = {o.split("=", 1)[0]: i for i, o in enumerate(overrides)}
+    out = list(overrides)
+    for c in change:
+        k = c.split("=", 1)[0]
+        if k in keys:
+            out[keys[k]] = c
+        else:
+            keys[k] = len(out)
+            out.append(c)
+    return out
+
+
 def plan_table1(sweep: dict, profile: str, data_dir: str | None) -> dict:
-    base = data_overrides(sweep["data"], data_dir) + sweep["profiles"][profile]
-    return {
-        f"{i + 1}-{row['name']}": _run(
-            base + row["overrides"], label=row["label"], row=i + 1, paper_ppl=row["paper_ppl"]
+    """The ladder: a row with `change` is the row above with that change; references follow the rows."""
+    base = data_overrides(sweep["data"], data_dir) + sweep["profiles"][profile]["overrides"]
+    runs, model = {}, []
+    for i, row in enumerate(sweep["runs"]):
+        model = list(row["overrides"]) if "overrides" in row else _merge(model, row["change"])
+        runs[f"{i + 1}-{row['name']}"] = _run(
+            base + model,
+            label=row["label"],
+            row=i + 1,
+            paper_ppl=row.get("paper_ppl"),
+            change=" ".join(row.get("change", [])),
         )
-        for i, row in enumerate(sweep["runs"])
-    }
+    for ref in sweep.get("references", []):
+        runs[ref["name"]] = _run(base + ref["overrides"], label=ref["label"], row=None, paper_ppl=None)
+    return runs
 
 
 def plan_minibatch(sweep: dict, profile: str, data_dir: str | None) -> dict:
-    base = data_overrides(sweep["data"], data_dir) + sweep["profiles"][profile] + sweep["model"]
+    p = sweep["profiles"][profile]
+    base = data_overrides(sweep["data"], data_dir) + p["overrides"] + sweep["model"]
     runs = {}
-    for b in sweep["mini_batch_sizes"]:
+    for b in p.get("mini_batch_sizes", sweep["mini_batch_sizes"]):
         value = "${data.seq_len}" if b == "T" else b
         runs[f"b{b}"] = _run(
             base + [f"model.block.mini_batch_size={value}"],
@@ -114,60 +148,114 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
         runs[name] = _run(overrides, label=label, method=key, role=role, size=size, seq_len=T)
         return name
 
+    def finetune(size, T, extra=(), suffix=""):
+        """TF finetune (Section 3.2): the Transformer pretrained at finetune_base, +20% tokens at T."""
+        lr = ft["lr_smallest"] if size == p["sizes"][0] else ft["lr"]
+        name = add(
+            "books",
+            "tf_finetune",
+            ft["label"],
+            size,
+            T,
+            [
+                *methods[ft["from"]]["overrides"],
+                "recipe=finetune",
+                f"recipe.lr={lr}",
+                tokens(ft["token_fraction"] * p["token_scale"]),
+                *extra,
+            ],
+            suffix,
+        )
+        runs[name]["after"] = f"books-{ft['from']}-{size}-T{p['finetune_base']}{suffix}"
+        return name
+
     for role in ("pile", "books"):
         for size in p["sizes"]:
             for T in p[role]:
-                for key in sweep[role]:
+                for key in p.get(f"{role}_methods", sweep[role]):
                     add(role, key, methods[key]["label"], size, T, methods[key]["overrides"])
     ft = sweep["finetune"]
-    for i, size in enumerate(p["sizes"]):
-        parent = f"books-{ft['from']}-{size}-T{p['finetune_base']}"
+    for size in p["sizes"]:
         for T in (T for T in p["books"] if T >= 2 * p["finetune_base"]):
-            lr = ft["lr_smallest"] if i == 0 else ft["lr"]
-            name = add(
-                "books",
-                "tf_finetune",
-                ft["label"],
-                size,
-                T,
-                [
-                    *methods[ft["from"]]["overrides"],
-                    "recipe=finetune",
-                    f"recipe.lr={lr}",
-                    tokens(0.2 * p["token_scale"]),
-                ],
-            )
-            runs[name]["after"] = parent
-    # matched training FLOPs (Figures 2 right, 14): the largest size at the longest Books context
+            finetune(size, T)
+    # matched training FLOPs (Figures 2 right, 14): the largest size at the longest Books context, every
+    # method matched to Mamba: TF finetune (pretrain at finetune_base + 20% at T) by depth, TTT by MLP width
     m = sweep["matched"]
-    size, T = p["sizes"][-1], p.get("matched_context", p["books"][-1])
+    size, T, base = p["sizes"][-1], p.get("matched_context", p["books"][-1]), p["finetune_base"]
     ref_name = f"books-{m['reference']}-{size}-T{T}"
     reference, _ = _model_cfg(runs[ref_name]["overrides"])
     for key, by in m["methods"].items():
-        base = runs[f"books-{key}-{size}-T{T}"]["overrides"]
-        new, ratio = match_flops(_model_cfg(base)[0], reference, T, vocab_size, by=by)
-        name = add(
-            "books",
-            key,
-            methods[key]["label"],
-            size,
-            T,
-            [*methods[key]["overrides"], *(f"{k}={v}" for k, v in new.items())],
-            suffix="-matched",
+        info = {"matched": by, "reference": ref_name}
+        if key == "tf_finetune":
+            model, _ = _model_cfg(runs[f"books-{ft['from']}-{size}-T{base}"]["overrides"])
+            new, ratio = match_flops(
+                model, reference, T, vocab_size, by=by, schedule=[(base, 1.0), (T, ft["token_fraction"])]
+            )
+            extra = [f"{k}={v}" for k, v in new.items()]
+            add(
+                "books",
+                ft["from"],
+                methods[ft["from"]]["label"],
+                size,
+                base,
+                [*methods[ft["from"]]["overrides"], *extra],
+                suffix="-matched",
+            )
+            name = finetune(size, T, extra, suffix="-matched")
+        else:
+            new, ratio = match_flops(
+                _model_cfg(runs[f"books-{key}-{size}-T{T}"]["overrides"])[0], reference, T, vocab_size, by=by
+            )
+            name = add(
+                "books",
+                key,
+                methods[key]["label"],
+                size,
+                T,
+                [*methods[key]["overrides"], *(f"{k}={v}" for k, v in new.items())],
+                suffix="-matched",
+            )
+        runs[name] |= {**info, "flops_ratio": round(ratio, 4)}
+    # the key comparisons (the largest size at the longest Books context, TF finetune, matched FLOPs) take
+    # the profile's seeds; every other grid point takes `other_seeds`
+    for spec in runs.values():
+        key = (
+            spec["size"] == size
+            and spec["role"] == "books"
+            and (spec["seq_len"] == T or (spec["seq_len"] == base and spec["method"] == ft["from"]))
         )
-        runs[name] |= {"matched": by, "flops_ratio": round(ratio, 4), "reference": ref_name}
+        if not key and "other_seeds" in p:
+            spec["seeds"] = p["other_seeds"]
     return runs
 
 
 PLANNERS = {"table1": plan_table1, "minibatch": plan_minibatch, "scaling": plan_scaling}
 
 
+def seeds_of(sweep: dict, profile: str) -> int:
+    return int(sweep["profiles"][profile].get("seeds", 1))
+
+
 def plan_sweep(name: str, profile: str, data_dir: str | None = None) -> dict:
+    """Every run of a sweep: each configuration of the planner once per seed (`<config>-s<seed>`)."""
     if profile not in PROFILES:
         raise UserError(f"unknown profile '{profile}'; use one of {', '.join(PROFILES)}")
-    runs = PLANNERS[name](load_sweep(name), profile, data_dir)
-    for spec in runs.values():  # sweep logs stay readable
-        spec["overrides"].append("trainer.enable_progress_bar=false")
+    sweep = load_sweep(name)
+    role = sweep.get("data")
+    runs = {}
+    configs = PLANNERS[name](sweep, profile, data_dir)
+    # seed-major: an interrupted sweep has every configuration at its first seeds
+    for seed, (config, spec) in ((s, c) for s in range(seeds_of(sweep, profile)) for c in configs.items()):
+        if seed >= spec.get("seeds", seed + 1):
+            continue
+        run = {k: v for k, v in spec.items() if k != "seeds"} | {"config": config, "seed": seed}
+        run["role"] = spec.get("role", role)
+        run["corpus"] = corpus_name(run["role"], data_dir)
+        # sweep logs stay readable
+        run["overrides"] = [*spec["overrides"], f"seed={seed}", "trainer.enable_progress_bar=false"]
+        if spec["after"] is not None:
+            run["after"] = f"{spec['after']}-s{seed}"
+        runs[f"{config}-s{seed}"] = run
     return runs
 
 
@@ -194,6 +282,47 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"
 
 
+class Progress:
+    """The whole pipeline's progress line, "run k/N, elapsed, ETA": `make reproduce` plans it over every
+    sweep; a sweep run alone counts its own runs. The ETA scales the time spent so far by the planned
+    tokens still to train (composed here, before Hydra's multirun holds the global config)."""
+
+    def __init__(self):
+        self.tokens: dict[str, float] = {}  # planned tokens of the runs still to train
+        self.total = self.done = 0
+        self.tokens_done = 0.0
+        self.start = None
+
+    def plan(self, runs: dict, out: Path) -> None:
+        from ..config import compose
+
+        for name, spec in runs.items():
+            self.total += 1
+            if finished(out / name):
+                self.done += 1
+                continue
+            try:
+                self.tokens[name] = float(compose("train", spec["overrides"]).recipe.total_tokens)
+            except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
+                self.tokens[name] = 0.0
+
+    def begin(self, name: str) -> None:
+        self.start = self.start or time.perf_counter()
+        elapsed = time.perf_counter() - self.start
+        left = sum(self.tokens.values())
+        eta = (
+            f"ETA {elapsed / self.tokens_done * left / 60:.0f} min" if self.tokens_done else "ETA after a run"
+        )
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", self.done + 1, self.total, name, elapsed / 60, eta)
+
+    def end(self, name: str) -> None:
+        self.done += 1
+        self.tokens_done += self.tokens.pop(name, 0.0)
+
+
+progress = Progress()  # the one run_one reports to; run_sweep installs it
+
+
 def run_one(name: str, spec: dict, run_dir: Path) -> None:
     """Train one run of a plan unless it has finished; record a failure instead of raising."""
     import hydra
@@ -211,12 +340,14 @@ def run_one(name: str, spec: dict, run_dir: Path) -> None:
         return
     command = "ttt-bench train " + " ".join(shlex.quote(o) for o in spec["overrides"])
     write_json(run_dir / "run.json", {"name": name, **spec, "command": command})
+    progress.begin(name)
     try:
         cfg = hydra.compose(config_name="train", overrides=spec["overrides"])
         train(cfg, run_dir)
     except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
         log.exception("run %s failed", name)
         record_failure(run_dir, one_line(e))
+    progress.end(name)
 
 
 def _job(cfg) -> None:
@@ -264,11 +395,22 @@ def check_configs(runs: dict, out: Path) -> list[str]:
 
 
 def run_sweep(
-    name: str, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = ()
+    name: str,
+    profile: str,
+    out: Path,
+    data_dir: str | None = None,
+    launcher: list[str] = (),
+    pipeline: Progress | None = None,
 ) -> pd.DataFrame:
-    """Plan, run (skipping finished runs) and tabulate a sweep; returns the registry."""
+    """Plan, run (skipping finished runs) and tabulate a sweep, with its n-gram floors; returns the
+    registry. `pipeline`: the progress of a whole pipeline this sweep is part of (else its own)."""
+    global progress
     out = Path(out).resolve()
     runs = plan_sweep(name, profile, data_dir)
+    if pipeline is None:
+        pipeline = Progress()
+        pipeline.plan(runs, out)
+    progress = pipeline
     for spec in runs.values():  # TF finetune starts from the weights of the run it depends on
         if spec["after"] is not None:
             ckpt = out / spec["after"] / "checkpoints" / "last.ckpt"
@@ -289,7 +431,51 @@ def run_sweep(
         log.info("sweep %s (%s): %d runs to train%s", name, profile, len(todo), "" if stage else " first")
         if todo:
             launch(plan_path, todo, list(launcher))
+    write_floors(out, runs)
     return write_registry(out)
+
+
+FLOOR_ORDERS = (1, 2, 3, 4, 5)  # every table lists them all
+DRAWN_FLOORS = ("unigram", "bigram", "5-gram (Witten-Bell)")  # the figures draw these
+
+
+def write_floors(out: Path, runs: dict) -> pd.DataFrame:
+    """The byte n-gram floors (ttt_bench/ngram.py) of every (corpus, context) the sweep's runs validate on,
+    as <out>/floors.csv, and per corpus role at its longest context as <out>/floors.json (the figures)."""
+    from ..config import compose
+    from ..ngram import floors_for
+
+    rows, seen = [], set()
+    for spec in runs.values():
+        try:
+            cfg = compose("train", spec["overrides"])
+        except Exception:  # noqa: BLE001  (recorded as a failed run by check_configs)
+            continue
+        role = spec.get("role", cfg.data.name)
+        key = (role, int(cfg.data.seq_len), cfg.data.val_tokens)
+        if key in seen:
+            continue
+        seen.add(key)
+        for floor, ppl in floors_for(cfg, orders=FLOOR_ORDERS).items():
+            rows.append(
+                {
+                    "role": role,
+                    "corpus": spec.get("corpus"),
+                    "seq_len": key[1],
+                    "floor": floor,
+                    "val_ppl": ppl,
+                }
+            )
+    df = pd.DataFrame(rows, columns=["role", "corpus", "seq_len", "floor", "val_ppl"])
+    write_atomic(out / "floors.csv", df.to_csv(index=False))
+    longest = df[
+        (df["seq_len"] == df.groupby("role")["seq_len"].transform("max")) & df["floor"].isin(DRAWN_FLOORS)
+    ]
+    write_json(
+        out / "floors.json",
+        {r: dict(zip(g["floor"], g["val_ppl"], strict=True)) for r, g in longest.groupby("role")},
+    )
+    return df
 
 
 # ---- the registry ----

@@ -45,6 +45,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def apply_rope_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """RoPE rotating adjacent pairs (x_2i, x_2i+1), the convention of the authors' JAX (EasyLM) code: each
+    pair is a complex number, multiplied by its rotation in `freqs` (layers.rope_freqs), in float32 or
+    float64."""
+    real = x.to(torch.promote_types(x.dtype, torch.float32))
+    real = real if real.stride(-1) == 1 else real.contiguous()
+    pairs = torch.view_as_complex(real.unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * freqs.to(pairs.dtype)).flatten(-2).type_as(x)
+
+
 DIRECT_MAX_TOKENS = 32  # up to B * T tokens (decoding), CausalConv1d takes k products: conv2d costs ~60 us
 
 

@@ -5,7 +5,9 @@
                    instead, the 'improved' formulation of footnote 8 and the TTT layer of Theorem 1)
 
 Computed chunk by chunk in the recurrent form: the state S_t = sum_{s<=t} phi(k_s) v_s^T (and the
-normalizer n_t = sum_{s<=t} phi(k_s)) is also the decoding cache.
+normalizer n_t = sum_{s<=t} phi(k_s)) is also the decoding cache. With `rope`, q and k are rotated before
+phi, in the TTT layer's convention (adjacent pairs, absolute positions), so that Theorem 1's TTT layer with
+b = T and this layer stay one function with RoPE on (Table 1, docs/ttt_layer.md).
 """
 
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import ResidualBlock, apply_rope, rope_cos_sin
+from .layers import ResidualBlock, apply_rope_pairs, rope_freqs
 
 
 @dataclass
@@ -69,11 +71,10 @@ class LinearAttention(nn.Module):
         heads = lambda t: t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         start = cache.pos if cache is not None else 0
-        if self.rope:
-            cos, sin = rope_cos_sin(
-                torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta, q.dtype
-            )
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.rope:  # the TTT layer's convention (adjacent pairs), so Theorem 1 holds with RoPE too
+            positions = torch.arange(start, start + T, device=x.device)
+            freqs = rope_freqs(positions, self.head_dim, self.rope_theta)
+            q, k = apply_rope_pairs(q, freqs), apply_rope_pairs(k, freqs)
         if self.variant == "katharopoulos":
             q, k = F.elu(q) + 1, F.elu(k) + 1
         z, state, norm = causal_linear_attention(

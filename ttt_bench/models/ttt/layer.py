@@ -24,7 +24,7 @@ from torch import nn
 
 from ... import kernels
 from ..fusion import fuse
-from ..layers import CausalConv1d, RMSNorm, SwiGLU, rope_freqs
+from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freqs
 from . import dual_scan, forms, learner
 
 LEARNERS = ("linear", "mlp", "kernel")
@@ -37,16 +37,6 @@ class TTTCache:
     pos: int = 0  # tokens seen
     conv: dict = field(default_factory=dict)  # the last conv_kernel - 1 inputs of each causal conv
     kv: tuple | None = None  # the kernel learner's training set: all keys and values seen
-
-
-def apply_rope_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """RoPE rotating adjacent pairs (x_2i, x_2i+1), the convention of the authors' JAX (EasyLM) code: each
-    pair is a complex number, multiplied by its rotation in `freqs` (layers.rope_freqs), in float32 or
-    float64."""
-    real = x.to(torch.promote_types(x.dtype, torch.float32))
-    real = real if real.stride(-1) == 1 else real.contiguous()
-    pairs = torch.view_as_complex(real.unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * freqs.to(pairs.dtype)).flatten(-2).type_as(x)
 
 
 def gelu_gate(g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

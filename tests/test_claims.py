@@ -1,0 +1,150 @@
+"""The claim table's verdicts on made-up registries: each outcome (holds, does not hold, inconclusive, not
+measured) from the numbers, and sentences that state the numbers the verdict used."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ttt_bench.experiments import claims
+from ttt_bench.experiments.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, MISSING, Results, judge_all
+from ttt_bench.experiments.stats import difference, spearman
+
+LADDER = [
+    "linear_attention",
+    "linear_attention_improved",
+    "ttt_equivalence",
+    "learnable_w0",
+    "inner_bias",
+    "ln_residual",
+    "minibatch",
+    "token_scaling",
+    "learnable_eta",
+    "mamba_backbone",
+]
+FLOORS = pd.DataFrame(
+    {"role": ["pile"] * 2, "seq_len": [128] * 2, "floor": ["unigram", "bigram"], "val_ppl": [27.0, 14.0]}
+)
+
+
+def table1(means: list[float], seeds: int = 3, spread: float = 0.05) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for i, (name, m) in enumerate(zip(LADDER, means, strict=True)):
+        for s in range(seeds):
+            rows.append(
+                {
+                    "run": f"{i + 1}-{name}-s{s}",
+                    "config": f"{i + 1}-{name}",
+                    "seed": s,
+                    "row": i + 1,
+                    "label": name,
+                    "status": "finished",
+                    "role": "pile",
+                    "seq_len": 128,
+                    "val_ppl": m + spread * rng.standard_normal(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+PAPER_LIKE = [12.0, 11.5, 11.5, 11.6, 11.6, 10.5, 9.0, 9.0, 8.7, 8.0]
+
+
+def verdict(claim_id: str, results: Results) -> claims.Verdict:
+    return next(c for c in CLAIMS if c.id == claim_id).judge(results)
+
+
+def test_table1_steps_hold_fail_and_are_inconclusive_within_noise():
+    r = Results(table1=table1(PAPER_LIKE), floors=FLOORS)
+    assert verdict("table1.minibatch", r).status == HOLDS
+    assert verdict("table1.equivalence", r).status == HOLDS  # 11.5 vs 11.5: no difference beyond noise
+    assert verdict("table1.largest_gain", r).status == HOLDS
+    assert verdict("table1.end_to_end", r).status == HOLDS
+    worse = PAPER_LIKE.copy()
+    worse[6] = 11.0  # mini-batch TTT worse than the LN row
+    r = Results(table1=table1(worse), floors=FLOORS)
+    v = verdict("table1.minibatch", r)
+    assert v.status == FAILS and "paper -1.70" in v.sentence and "+0.5" in v.sentence
+    assert verdict("table1.largest_gain", r).status != HOLDS
+    noisy = Results(table1=table1(PAPER_LIKE, spread=3.0), floors=FLOORS)
+    v = verdict("table1.learnable_eta", noisy)
+    assert v.status == INCONCLUSIVE and "within the seed spread" in v.sentence
+
+
+def test_one_seed_and_undertrained_runs_are_inconclusive_and_missing_rows_not_measured():
+    one = Results(table1=table1(PAPER_LIKE, seeds=1), floors=FLOORS)
+    v = verdict("table1.minibatch", one)
+    assert v.status == INCONCLUSIVE and "one seed" in v.sentence
+    above_floor = [m + 5 for m in PAPER_LIKE]  # every row above the bigram floor (14)
+    v = verdict("table1.minibatch", Results(table1=table1(above_floor), floors=FLOORS))
+    assert v.status == INCONCLUSIVE and "under-trained" in v.sentence
+    partial = table1(PAPER_LIKE)
+    partial = partial[partial["config"] != "7-minibatch"]
+    assert verdict("table1.minibatch", Results(table1=partial)).status == MISSING
+
+
+def minibatch(means: dict, seeds: int = 3) -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    return pd.DataFrame(
+        [
+            {
+                "run": f"b{b}-s{s}",
+                "config": f"b{b}",
+                "seed": s,
+                "mini_batch": str(b),
+                "status": "finished",
+                "role": "pile",
+                "seq_len": 128,
+                "val_ppl": m + 0.02 * rng.standard_normal(),
+            }
+            for b, m in means.items()
+            for s in range(seeds)
+        ]
+    )
+
+
+def test_figure8_trend_is_a_rank_correlation_over_every_b():
+    rising = {1: 9.0, 2: 9.1, 4: 9.2, 8: 9.3, 16: 9.4, 32: 9.5, 64: 9.6, "T": 10.0}
+    assert verdict("fig8.trend", Results(minibatch=minibatch(rising))).status == HOLDS
+    falling = {k: 20 - v for k, v in rising.items()}
+    assert verdict("fig8.trend", Results(minibatch=minibatch(falling))).status == FAILS
+    v = verdict("fig8.trend", Results(minibatch=minibatch(dict.fromkeys(rising, 9.0))))
+    assert v.status == INCONCLUSIVE and "b=T" in v.sentence
+    assert verdict("fig8.b16", Results(minibatch=minibatch(rising))).status == HOLDS
+
+
+def test_inner_loss_claims_by_position_range():
+    rows = []
+    for seed in range(3):
+        for t in range(64):
+            w0 = 10.0
+            now = 9.0 - 0.05 * t + 0.01 * seed
+            rows.append({"seed": seed, "layer": 0, "position": t, "w0": w0, "prev": now + 0.5, "now": now})
+    df = pd.DataFrame(rows)
+    assert verdict("fig17.step", Results(inner_loss=df)).status == HOLDS
+    assert verdict("fig17.growth", Results(inner_loss=df)).status == HOLDS
+    flat = df.assign(now=lambda d: 9.0 + 0.01 * d["seed"], prev=lambda d: 8.0 + 0.01 * d["seed"])
+    assert verdict("fig17.step", Results(inner_loss=flat)).status == FAILS
+    assert verdict("fig17.growth", Results(inner_loss=flat)).status == INCONCLUSIVE
+
+
+def test_latency_and_missing_inputs():
+    bench = pd.DataFrame(
+        {
+            "model": ["ttt_linear", "transformer"] * 2,
+            "phase": ["prefill"] * 4,
+            "context": [8192, 8192, 16384, 16384],
+            "latency_ms_per_token": [0.06, 0.1, 0.06, 0.17],
+        }
+    )
+    assert verdict("latency.prefill", Results(latency=bench)).status == HOLDS
+    table = judge_all(Results())
+    assert set(table["verdict"]) == {MISSING} and len(table) == len(CLAIMS)
+
+
+def test_statistics():
+    d = difference([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
+    assert d.mean == pytest.approx(-1.0) and d.sign() == -1 and d.hi < 0
+    assert difference([1.0], [2.0]).sign() is None
+    rho, lo, hi = spearman(range(10), np.arange(10) ** 2)
+    assert rho == pytest.approx(1.0) and lo > 0.9

@@ -1,0 +1,322 @@
+"""Figures from made-up registries: every figure is written as PNG and PDF and reads as the paper's do (one
+style per method, mean ± std over seeds, n-gram floors, y labels, legends outside the axes, b=T)."""
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from ttt_bench.experiments import figures
+
+FLOORS = {
+    "pile": {"unigram": 28.1, "bigram": 11.9, "5-gram (Kneser-Ney)": 5.2},
+    "books": {"unigram": 24.5, "bigram": 10.3, "5-gram (Kneser-Ney)": 4.1},
+}
+SIZES = ("xs", "s", "m")
+SEEDS = (0, 1, 2)
+CORPUS = {"pile": "pile-mini", "books": "books-mini"}
+
+
+def _run(rng, role, method, label, size, T, seed, flops, ppl, **extra) -> dict:
+    config = f"{role}-{method}-{size}-T{T}" + extra.pop("suffix", "")
+    return {
+        "run": f"{config}-s{seed}",
+        "config": config,
+        "seed": seed,
+        "sweep": "scaling",
+        "profile": "cpu",
+        "label": label,
+        "method": method,
+        "role": role,
+        "corpus": CORPUS[role],
+        "size": size,
+        "seq_len": T,
+        "status": "finished",
+        "total_train_flops": flops,
+        "val_ppl": ppl * float(np.exp(rng.normal(0, 0.04))),
+        "matched": None,
+        "reference": None,
+        **extra,
+    }
+
+
+def scaling_registry(sweep_dir=None, seed: int = 0) -> pd.DataFrame:
+    """Transformer and TTT-Linear (M) at 3 sizes x 3 seeds per panel, TF finetune on Books, Mamba at one
+    size only (a single point), matched-FLOPs runs at the largest size of Books 512, a failed run; with
+    `sweep_dir`, every run's token_index.csv."""
+    rng = np.random.default_rng(seed)
+    grid = (  # (method, label, FLOPs factor, perplexity at xs, drop per size); TF finetune on Books 512 only
+        ("transformer", "Transformer", 1.1, 30.0, 1.6),
+        ("ttt_linear_m", "TTT-Linear (M)", 0.8, 27.0, 1.65),
+        ("tf_finetune", "TF finetune", 1.2, 28.0, 1.6),
+    )
+    rows = []
+    for role, contexts in (("pile", (256,)), ("books", (128, 512))):
+        for T in contexts:
+            for i, size in enumerate(SIZES):
+                for method, label, f, ppl, drop in grid:
+                    if method != "tf_finetune" or (role, T) == ("books", 512):
+                        for s in SEEDS:
+                            rows.append(
+                                _run(rng, role, method, label, size, T, s, 4e11 * 6**i * f, ppl / drop**i)
+                            )
+            for s in SEEDS:
+                rows.append(_run(rng, role, "mamba", "Mamba", "m", T, s, 4e11 * 36 * 0.9, 11.0))
+    ref = "books-mamba-m-T512"
+    matched = (  # (method, label, T, flops, ppl, matched): the last is the pretraining of a matched finetune
+        ("transformer", "Transformer", 512, 1.3e13, 12.5, "depth"),
+        ("ttt_linear_m", "TTT-Linear (M)", 512, 1.3e13, 9.5, "width"),
+        ("transformer", "Transformer", 128, 1.0e13, 40.0, None),
+    )
+    for method, label, T, flops, ppl, by in matched:
+        for s in SEEDS:
+            extra = {"matched": by, "reference": ref} if by else {}
+            rows.append(_run(rng, "books", method, label, "m", T, s, flops, ppl, suffix="-matched", **extra))
+    rows.append(
+        {**rows[0], "run": "pile-x-failed", "config": "pile-x-failed", "status": "failed", "val_ppl": None}
+    )
+    reg = pd.DataFrame(rows)
+    if sweep_dir is not None:
+        t = np.arange(1, 513)
+        for r in reg.itertuples():
+            if r.status != "finished":
+                continue
+            floor = math.log(r.val_ppl) - 0.3
+            loss = floor + 2.6 * t**-0.45 + rng.normal(0, 0.15, len(t))
+            d = sweep_dir / r.run
+            d.mkdir(parents=True, exist_ok=True)
+            pd.DataFrame({"token_index": t, "loss": loss}).to_csv(d / "token_index.csv", index=False)
+    return reg
+
+
+def minibatch_registry(seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rng = np.random.default_rng(seed)
+    bs = ["1", "2", "4", "8", "16", "32", "64", "T"]
+    paper = {"1": 10.97, "16": 11.09, "T": 12.60}
+    rows = [
+        {
+            "run": f"b{b}-s{s}",
+            "config": f"b{b}",
+            "seed": s,
+            "sweep": "minibatch",
+            "profile": "cpu",
+            "label": f"b={b}",
+            "mini_batch": b,
+            "paper_ppl": paper.get(b),
+            "status": "finished",
+            "val_ppl": (15.8 + 0.1 * i) * float(np.exp(rng.normal(0, 0.01))),
+            "seq_len": 128,
+            "role": "pile",
+            "corpus": "pile-mini",
+            "model": "ttt_linear",
+            "size": "xs",
+            "total_train_flops": 7e11,
+        }
+        for i, b in enumerate(bs)
+        for s in SEEDS
+    ]
+    timing = pd.DataFrame(
+        {
+            "mini_batch": [1, 2, 4, 8, 16, 32, 64, 1024],
+            "total_ms": [57.2, 33.4, 18.2, 11.5, 8.0, 6.4, 6.0, 38.1],
+            "w_ms": [40.3, 22.9, 12.2, 7.3, 4.7, 3.6, 2.9, 12.2],
+            "seq_len": 1024,
+        }
+    )
+    return pd.DataFrame(rows), timing
+
+
+def inner_losses() -> pd.DataFrame:
+    t = np.arange(1, 129)
+    return pd.concat(
+        pd.DataFrame(
+            {"layer": layer, "position": t, "w0": 40 - 0.05 * t, "prev": 10 - 0.02 * t, "now": 8 - 0.02 * t}
+        )
+        for layer in range(4)
+    )
+
+
+def latency_bench() -> pd.DataFrame:
+    rows = [
+        {
+            "model": m,
+            "context": c,
+            "phase": ph,
+            "batch": 1,
+            "device": "cpu",
+            "dtype": "float32",
+            "threads": 2,
+            "latency_ms_per_token": k * (c / 1024 if m == "transformer" and ph == "decode" else 1.0),
+        }
+        for ph, scale in (("prefill", 0.1), ("decode", 4.0))
+        for m, k0 in (("transformer", 1.0), ("mamba", 2.0), ("ttt_linear", 1.1), ("ttt_mlp", 1.6))
+        for c in (1024, 2048, 4096, 8192)
+        for k in (scale * k0,)
+    ]
+    return pd.DataFrame(rows)
+
+
+def _written(paths) -> None:
+    assert {p.suffix for p in paths} == {".png", ".pdf"}
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+
+
+def _floor_lines(ax) -> list[float]:
+    return sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_color() == figures.FLOOR_COLOUR)
+
+
+def _legend_outside(fig) -> None:
+    """The figure's legend lies entirely below or beside every axes (no legend inside a panel)."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    assert fig.legends and all(ax.get_legend() is None for ax in fig.axes)
+    for leg in fig.legends:
+        box = leg.get_window_extent(r)
+        for ax in fig.axes:
+            if ax.axison:
+                assert not box.overlaps(ax.get_window_extent(r)), ax.get_title()
+
+
+def test_styles_are_fixed_per_method():
+    assert figures.method_style("TF pretrain") == figures.method_style("Transformer")
+    assert figures.method_style("Linear attention [41]") == figures.method_style("Linear attention")
+    assert figures.method_style("Some new method") == figures.method_style("Some new method")
+    colours = {figures.method_style(k)[0] for k in figures.METHOD_STYLES if k != "TF pretrain"}
+    assert len(colours) == len(figures.METHOD_STYLES) - 1
+    assert set(figures.PAPER_NAMES.values()) <= set(figures.METHOD_STYLES)
+
+
+def test_nice_log_ticks_are_few_and_round():
+    assert figures.nice_log_ticks(3.7e11, 8.9e12) == [5e11, 1e12, 2e12, 5e12]
+    assert figures.nice_log_ticks(5, 30) == [5, 10, 20]
+    narrow = figures.nice_log_ticks(15.7, 16.7)
+    assert 2 <= len(narrow) <= 7 and all(15.7 <= t <= 16.7 for t in narrow)
+
+
+def test_aggregate_over_seeds():
+    reg = scaling_registry()
+    agg = figures.aggregate(figures.finished(reg))
+    assert (agg["n_seeds"] == 3).all() and (agg["ppl_std"] > 0).all()
+    one = figures.aggregate(figures.finished(reg.drop(columns=["config", "seed", "corpus"])))
+    assert (one["n_seeds"] == 1).all() and len(one) == int((reg["status"] == "finished").sum())
+    assert figures.seeds_note([3, 3]) == "mean ± std over 3 seeds" and figures.seeds_note([1]) == "1 seed"
+
+
+def test_scaling_and_context(tmp_path):
+    reg = scaling_registry()
+    fig = figures.scaling_figure(reg, FLOORS)
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert len(panels) == 3
+    for ax in panels:
+        assert ax.get_ylabel().startswith("Perplexity (mean ± std over 3 seeds")
+        assert ax.get_xscale() == ax.get_yscale() == "log"
+        role = "pile" if "pile-mini" in ax.get_title() else "books"
+        assert _floor_lines(ax) == sorted(FLOORS[role].values())
+        lo, hi = ax.get_ylim()
+        assert lo <= min(FLOORS[role].values()) and hi >= max(FLOORS[role].values())
+        assert all(t.get_text() for t in ax.get_yticklabels())  # plain numbers, no empty majors
+        assert not any(t.get_text() for t in ax.yaxis.get_minorticklabels())
+    assert [ax.get_title() for ax in panels] == [
+        "pile-mini, context 256",
+        "books-mini, context 128",
+        "books-mini, context 512",
+    ]
+    books128 = [c for c in panels[1].containers if c.get_label() == "Transformer"]
+    assert len(books128[0].lines[0].get_xdata()) == 3  # xs, s, m; not the matched pretraining
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "Mamba (single point)" in labels and "TTT-Linear (M)" in labels
+    assert any("unigram" in lab for lab in labels)
+    colours = {}
+    for ax in panels:
+        for c in ax.containers:
+            colours.setdefault(c.get_label().split(" (single")[0], set()).add(c.lines[0].get_color())
+    assert all(len(v) == 1 for v in colours.values())
+    assert colours["TTT-Linear (M)"] == {figures.method_style("TTT-Linear (M)")[0]}
+    _legend_outside(fig)
+    plt.close(fig)
+    _written(figures.scaling(reg, tmp_path / "scaling", floors=FLOORS))
+    plt.close(figures.scaling_figure(reg))  # no floors
+
+    fig = figures.context_figure(reg, FLOORS)
+    (ax,) = fig.axes
+    assert "books-mini" in ax.get_title() and ax.get_ylabel()
+    assert _floor_lines(ax) == sorted(FLOORS["books"].values())
+    _legend_outside(fig)
+    plt.close(fig)
+    _written(figures.context(reg, tmp_path / "context", floors=FLOORS))
+
+
+def test_old_registry_without_seed_columns(tmp_path):
+    reg = scaling_registry()
+    reg = reg[reg["seed"] == 0].drop(columns=["config", "seed", "corpus"])
+    fig = figures.scaling_figure(reg)
+    assert all("corpus not recorded" in ax.get_title() for ax in fig.axes if ax.axison)
+    assert all("1 seed" in ax.get_ylabel() for ax in fig.axes if ax.axison)
+    plt.close(fig)
+    _written(figures.context(reg, tmp_path / "context"))
+
+
+def test_token_index(tmp_path):
+    reg = scaling_registry(tmp_path / "sweep")
+    fig = figures.token_index_figure(reg, tmp_path / "sweep", floors=FLOORS)
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log" and "mean ± std over 3 seeds" in ax.get_ylabel()
+    assert "books-mini, context 512" in ax.get_title()
+    names = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    assert names == ["Mamba (reference)", "Transformer (depth-matched)", "TTT-Linear (M) (width-matched)"]
+    assert len(ax.collections) == 3  # a band per configuration
+    assert _floor_lines(ax) == sorted(FLOORS["books"].values())
+    plt.close(fig)
+    _written(figures.token_index(reg, tmp_path / "sweep", tmp_path / "token_index", floors=FLOORS))
+    with pytest.raises(ValueError):
+        figures.token_index(reg[reg["matched"].isna()], tmp_path / "sweep", tmp_path / "none")
+
+
+def test_minibatch(tmp_path):
+    reg, timing = minibatch_registry()
+    fig = figures.minibatch_figure(reg, timing, FLOORS)
+    ours, paper, time_ax = fig.axes
+    assert [t.get_text() for t in ours.get_xticklabels()][-1] == "b=T"
+    assert [t.get_text() for t in time_ax.get_xticklabels()][-1] == "b=T"
+    assert ours.get_ylabel() == "Perplexity (mean ± std over 3 seeds)"
+    assert paper.get_ylabel() == "Paper perplexity (125M, Llama tokens)"
+    assert time_ax.get_ylabel() == "Forward time (ms)" and time_ax.get_yscale() == "log"
+    assert _floor_lines(ours) == sorted(FLOORS["pile"].values()) and not _floor_lines(paper)
+    assert "pile-mini" in ours.get_title() and "128" in ours.get_title()
+    assert len(fig.axes) == 3  # no twin axes
+    _legend_outside(fig)
+    plt.close(fig)
+    _written(figures.minibatch(reg, timing, tmp_path / "minibatch", floors=FLOORS))
+    plt.close(figures.minibatch_figure(reg, None))  # no timing, no floors
+
+
+def test_inner_loss_and_latency(tmp_path):
+    fig = figures.inner_loss_figure(inner_losses())
+    assert all(ax.get_ylabel() for ax in fig.axes if ax.axison) and len(fig.legends) == 1
+    _legend_outside(fig)
+    plt.close(fig)
+    _written(figures.inner_loss(inner_losses(), tmp_path / "inner_loss"))
+    fig = figures.latency_figure(latency_bench())
+    for ax in fig.axes:
+        assert ax.get_ylabel() and [t.get_text() for t in ax.get_xticklabels()] == ["1k", "2k", "4k", "8k"]
+    colours = {c.get_label(): c.lines[0].get_color() for ax in fig.axes for c in ax.containers}
+    assert colours["TTT-Linear (M)"] == figures.method_style("TTT-Linear (M)")[0]
+    _legend_outside(fig)
+    plt.close(fig)
+    _written(figures.latency(latency_bench(), tmp_path / "latency"))
+
+
+def test_plot_cli_reads_floors(tmp_path):
+    import json
+
+    from ttt_bench.cli import plot
+
+    sweep = tmp_path / "sweep"
+    reg = scaling_registry(sweep)
+    reg.to_csv(sweep / "registry.csv", index=False)
+    (sweep / "floors.json").write_text(json.dumps(FLOORS))
+    assert plot.read_floors(sweep) == FLOORS and plot.read_floors(tmp_path) is None
+    plot.run(["token-index", str(sweep), "--out", str(tmp_path / "figs")])
+    _written([tmp_path / "figs" / "token_index.png", tmp_path / "figs" / "token_index.pdf"])

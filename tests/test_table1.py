@@ -1,0 +1,77 @@
+"""Table 1's ladder (conf/sweep/table1.yaml) as the sweep plans it: Theorem 1 between rows 2 and 3, and
+consecutive rows that differ in exactly their documented change."""
+
+import lightning as L
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from tests.conftest import rel_err
+from ttt_bench.config import compose
+from ttt_bench.experiments import sweeps
+
+VOCAB = 256
+
+
+def resolved(overrides: list[str]) -> dict:
+    return OmegaConf.to_container(compose("train", overrides), resolve=True)
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out |= flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ladder() -> list[dict]:
+    """The rows of the cpu profile (one seed), in order."""
+    runs = sweeps.plan_sweep("table1", "cpu")
+    return [r for r in runs.values() if r["seed"] == 0 and r["row"] is not None]
+
+
+def build(spec: dict):
+    cfg = compose("train", spec["overrides"])
+    L.seed_everything(cfg.seed)
+    return instantiate(cfg.model, vocab_size=VOCAB).float()
+
+
+def test_ttt_equivalence_row_is_improved_linear_attention(ladder):
+    """Theorem 1, from the sweep's own configs and seed: outputs and every gradient agree (fp32)."""
+    la_spec, ttt_spec = ladder[1], ladder[2]
+    assert (la_spec["label"], ttt_spec["label"]) == ("Linear attn. improved", "TTT equivalence")
+    la, ttt = build(la_spec), build(ttt_spec)
+    pairs = list(zip(la.parameters(), ttt.parameters(), strict=True))  # attn.* <-> ttt.*, in order
+    assert all(torch.equal(p, q) for p, q in pairs)  # the same seed gives the same weights
+    ids = torch.randint(0, VOCAB, (2, 128), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for model in (la, ttt):
+        logits = model(ids)
+        torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+        outs.append(logits)
+    assert rel_err(outs[1], outs[0]) <= 1e-5
+    for (name, p), q in zip(la.named_parameters(), ttt.parameters(), strict=True):
+        assert rel_err(q.grad, p.grad) <= 1e-5, name
+
+
+def test_consecutive_rows_differ_in_exactly_their_change(ladder):
+    """Each row with a `change` resolves to the row above with exactly the changed keys different."""
+    for above, row in zip(ladder, ladder[1:]):
+        if not row["change"]:  # a new model (Theorem 1): checked by the test above
+            continue
+        a, b = flat(resolved(above["overrides"])), flat(resolved(row["overrides"]))
+        differ = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+        changed = {c.split("=", 1)[0] for c in row["change"].split()}
+        assert differ == changed, (row["label"], differ ^ changed)
+
+
+def test_last_row_is_ttt_linear_and_references_share_the_budget(ladder):
+    runs = sweeps.plan_sweep("table1", "cpu")
+    base = [o for o in ladder[-1]["overrides"] if not o.startswith("model")]
+    last = resolved(ladder[-1]["overrides"])["model"]
+    assert last == resolved([*base, "model=ttt_linear"])["model"]
+    for ref in ("transformer-s0", "mamba-s0"):
+        assert [o for o in runs[ref]["overrides"] if not o.startswith("model")] == base
+    assert len(runs) == (len(ladder) + 2) * sweeps.seeds_of(sweeps.load_sweep("table1"), "cpu")
