@@ -233,3 +233,24 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
         model = OmegaConf.to_container(cfg.model, resolve=True)
         cost = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)["train"] * cfg.recipe.total_tokens
         assert row.train_flops == pytest.approx(cost) and row.seq_len == cfg.data.seq_len
+
+
+def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
+    """The README's results are written from claims.csv and the step files, between its markers."""
+    from ttt_bench.experiments.claims import CLAIMS
+    from ttt_bench.reproduce import README_BLOCK, update_readme
+
+    out = tmp_path / "results" / "cpu"
+    (out / "table1").mkdir(parents=True)
+    (out / "table1" / "table1.md").write_text("| Configuration | Ppl. |\n|---|---|\n| A | 9.00 |\n")
+    (out / "table1" / "step.json").write_text(json.dumps(
+        {"command": "ttt-bench ablate table1", "wall_time_s": 600, "hardware": "2 cores", "finished": "now"}))
+    pd.DataFrame([{"figure": c.figure, "claim": c.claim, "verdict": "holds" if i == 0 else "not measured",
+                   "evidence": "x 1 vs 2"} for i, c in enumerate(CLAIMS)]).to_csv(out / "claims.csv", index=False)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\nrest\n")
+    update_readme(readme, out, "make reproduce PROFILE=cpu")
+    text = readme.read_text()
+    assert "stale" not in text and text.startswith("intro") and text.endswith("rest\n")
+    assert f"| {CLAIMS[0].figure}: {CLAIMS[0].claim} | **holds** | x 1 vs 2 |" in text
+    assert "`minibatch`: not run yet" in text and "| A | 9.00 |" in text and "Not measured yet" in text

@@ -330,6 +330,41 @@ def write_report(out: Path, profile: str, data_dir: str | None, make: str) -> Pa
     return out / "REPORT.md"
 
 
+README_BLOCK = ("<!-- results:begin -->", "<!-- results:end -->")
+
+
+def update_readme(readme: Path, out: Path, make: str) -> None:
+    """The README's current results, made from the committed folder's step files and verdicts (the same
+    claims.csv as REPORT.md), between the README_BLOCK markers."""
+    text = readme.read_text()
+    if README_BLOCK[0] not in text:
+        return
+    verdicts = pd.read_csv(out / "claims.csv")
+    rel = out.resolve().relative_to(readme.parent.resolve()).as_posix()
+    lines = [f"From `{make}`; [{rel}/REPORT.md]({rel}/REPORT.md) has every table, "
+             "figure and number. Steps run so far:", ""]
+    for step in SECTIONS:
+        meta = out / step / "step.json"
+        if meta.is_file():
+            m = json.loads(meta.read_text())
+            lines.append(f"- `{step}`: `{m['command']}`, {m['wall_time_s'] / 60:.0f} min on {m['hardware']}, "
+                         f"finished {m['finished']}")
+        else:
+            lines.append(f"- `{step}`: not run yet (`{make} STEPS={step}`)")
+    if (out / "table1" / "table1.md").is_file():
+        head = "Table 1 (pile-mini, context 128, size `xs`; perplexity per byte, mean +- std over seeds):"
+        lines += ["", head, "", (out / "table1" / "table1.md").read_text().strip()]
+    lines += ["", "| claim | verdict | evidence |", "|---|---|---|"]
+    lines += [f"| {r.figure}: {r.claim} | **{r.verdict}** | {r.evidence} |" for r in verdicts.itertuples()
+              if r.verdict != "not measured"]
+    missing = verdicts[verdicts["verdict"] == "not measured"]
+    if len(missing):
+        todo = "; ".join(f"{r.figure}: {r.claim}" for r in missing.itertuples())
+        lines += ["", f"Not measured yet: {todo}"]
+    start, end = text.index(README_BLOCK[0]), text.index(README_BLOCK[1])
+    write_atomic(readme, text[: start + len(README_BLOCK[0])] + "\n" + "\n".join(lines) + "\n" + text[end:])
+
+
 def output_dir(results: Path, profile: str, data_dir: str | None) -> Path:
     """results/<profile> for real data, results/<profile>-synthetic without: runs of another profile or
     corpus never overwrite the committed results/cpu."""
@@ -386,6 +421,9 @@ def main(argv: list[str] | None = None) -> None:
             RUNNERS[s](ctx)
             write_report(out, a.profile, a.data_dir, make)  # after every step: committable as it goes
     print(f"results in {write_report(out, a.profile, a.data_dir, make)}")
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    if a.profile == "cpu" and a.data_dir and out.resolve() == (readme.parent / "results" / "cpu").resolve():
+        update_readme(readme, out, make)
 
 
 if __name__ == "__main__":
