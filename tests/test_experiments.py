@@ -243,10 +243,27 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
     out = tmp_path / "results" / "cpu"
     (out / "table1").mkdir(parents=True)
     (out / "table1" / "table1.md").write_text("| Configuration | Ppl. |\n|---|---|\n| A | 9.00 |\n")
-    (out / "table1" / "step.json").write_text(json.dumps(
-        {"command": "ttt-bench ablate table1", "wall_time_s": 600, "hardware": "2 cores", "finished": "now"}))
-    pd.DataFrame([{"figure": c.figure, "claim": c.claim, "verdict": "holds" if i == 0 else "not measured",
-                   "evidence": "x 1 vs 2"} for i, c in enumerate(CLAIMS)]).to_csv(out / "claims.csv", index=False)
+    (out / "table1" / "step.json").write_text(
+        json.dumps(
+            {
+                "command": "ttt-bench ablate table1",
+                "wall_time_s": 600,
+                "hardware": "2 cores",
+                "finished": "now",
+            }
+        )
+    )
+    pd.DataFrame(
+        [
+            {
+                "figure": c.figure,
+                "claim": c.claim,
+                "verdict": "holds" if i == 0 else "not measured",
+                "evidence": "x 1 vs 2",
+            }
+            for i, c in enumerate(CLAIMS)
+        ]
+    ).to_csv(out / "claims.csv", index=False)
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\nrest\n")
     update_readme(readme, out, "make reproduce PROFILE=cpu")
@@ -254,3 +271,33 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
     assert "stale" not in text and text.startswith("intro") and text.endswith("rest\n")
     assert f"| {CLAIMS[0].figure}: {CLAIMS[0].claim} | **holds** | x 1 vs 2 |" in text
     assert "`minibatch`: not run yet" in text and "| A | 9.00 |" in text and "Not measured yet" in text
+
+
+def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_path, monkeypatch):
+    """A later session (no run folders) restores the finished runs of the committed registry, trains the
+    rest, and does not restore a run whose overrides changed."""
+    tiny = [
+        "data=synthetic",
+        "data.corpus.train_docs=20",
+        "data.corpus.validation_docs=4",
+        "data.corpus.mean_doc_bytes=4000",
+        "data.seq_len=64",
+        "recipe.tokens_per_batch=512",
+        "data.micro_batch_size=4",
+        "trainer.max_steps=2",
+        "data.val_tokens=1024",
+        "size=xs",
+        "trainer.enable_progress_bar=false",
+        "model=transformer",
+    ]
+    plan = {"a": sweeps._run([*tiny, "seed=1"], label="a"), "b": sweeps._run([*tiny, "seed=2"], label="b")}
+    monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: json.loads(json.dumps(plan)))
+    first = sweeps.run_sweep("table1", "smoke", tmp_path / "session1")
+    committed = tmp_path / "registry.csv"
+    first.assign(status=["finished", "failed"]).to_csv(committed, index=False)
+    plan["b"]["overrides"] = [*tiny, "seed=3"]  # b was planned anew: it must train
+    reg = sweeps.run_sweep("table1", "smoke", tmp_path / "session2", committed=committed)
+    a = json.loads((tmp_path / "session2" / "a" / "metrics.json").read_text())
+    assert a["restored_from"] == str(committed) and a["val_ppl"] == pytest.approx(first.loc[0, "val_ppl"])
+    assert not (tmp_path / "session2" / "a" / "checkpoints").exists()  # not trained again
+    assert (tmp_path / "session2" / "b" / "checkpoints").is_dir() and set(reg["status"]) == {"finished"}

@@ -98,7 +98,8 @@ class Step:
 
 def sweep_step(name: str, ctx: dict) -> tuple[Step, pd.DataFrame]:
     step = Step(ctx["out"], name, f"ttt-bench ablate {name}{ctx['flags']}")
-    reg = run_sweep(name, ctx["profile"], ctx["runs"] / name, ctx["data_dir"], pipeline=ctx["progress"])
+    reg = run_sweep(name, ctx["profile"], ctx["runs"] / name, ctx["data_dir"], pipeline=ctx["progress"],
+                    committed=step.dir / "registry.csv", train=ctx["train"])
     step.csv("registry.csv", reg)
     floors = pd.read_csv(ctx["runs"] / name / "floors.csv")
     step.csv("floors.csv", floors)
@@ -379,6 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=Path, help="run folders (default: $TTT_BENCH_RUNS/reproduce-PROFILE)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--report-only", action="store_true", help="assemble REPORT.md from the step folders")
+    p.add_argument("--no-train", action="store_true",
+                   help="write the steps' folders from the runs finished so far, training nothing")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     steps = [s for s in a.steps.split(",") if s]
@@ -412,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
             "data_dir": a.data_dir,
             "out": out,
             "runs": runs.resolve(),
+            "train": not a.no_train,
             "progress": progress,
             "flags": f" --profile {a.profile}" + (f" --data-dir {a.data_dir}" if a.data_dir else ""),
         }

@@ -151,8 +151,8 @@ TABLE1_STEPS = {  # the paper's differences: (our row, the row above it in our l
     "equivalence": ("ttt_equivalence", "linear_attention_improved", 0.00, "="),
     "learnable_w0": ("learnable_w0", "ttt_equivalence", +0.04, ">"),
     "ln_residual": ("ln_residual", "inner_bias", -1.22, "<"),
-    "minibatch": ("minibatch", "ln_residual", -1.70, "<"),
-    "learnable_eta": ("learnable_eta", "token_scaling", -0.36, "<"),
+    "minibatch": ("minibatch", "token_scaling", -1.70, "<"),
+    "learnable_eta": ("learnable_eta", "minibatch", -0.36, "<"),
     "mamba_backbone": ("mamba_backbone", "learnable_eta", -0.90, "<"),
 }
 

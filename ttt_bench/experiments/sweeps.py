@@ -401,12 +401,18 @@ def run_sweep(
     data_dir: str | None = None,
     launcher: list[str] = (),
     pipeline: Progress | None = None,
+    committed: Path | None = None,
+    train: bool = True,
 ) -> pd.DataFrame:
     """Plan, run (skipping finished runs) and tabulate a sweep, with its n-gram floors; returns the
-    registry. `pipeline`: the progress of a whole pipeline this sweep is part of (else its own)."""
+    registry. `pipeline`: the progress of a whole pipeline this sweep is part of (else its own);
+    `committed`: a registry of earlier sessions whose finished runs count as done (see `restore`);
+    `train=False` tabulates the runs finished so far and trains nothing."""
     global progress
     out = Path(out).resolve()
     runs = plan_sweep(name, profile, data_dir)
+    if committed is not None:
+        restore(out, runs, committed)
     if pipeline is None:
         pipeline = Progress()
         pipeline.plan(runs, out)
@@ -429,7 +435,7 @@ def run_sweep(
                 continue
             todo.append(n)
         log.info("sweep %s (%s): %d runs to train%s", name, profile, len(todo), "" if stage else " first")
-        if todo:
+        if todo and train:
             launch(plan_path, todo, list(launcher))
     write_floors(out, runs)
     return write_registry(out)
@@ -476,6 +482,36 @@ def write_floors(out: Path, runs: dict) -> pd.DataFrame:
         {r: dict(zip(g["floor"], g["val_ppl"], strict=True)) for r, g in longest.groupby("role")},
     )
     return df
+
+
+def _identity(overrides) -> list[str]:
+    """What makes two runs the same run across machines: the overrides without paths."""
+    items = overrides.split() if isinstance(overrides, str) else overrides
+    return [o for o in items if not o.startswith(("paths.", "recipe.init_from="))]
+
+
+def restore(out: Path, runs: dict, registry: Path) -> int:
+    """Count the finished runs of a committed registry (an earlier session's, whose run folders are gone)
+    as done: their metrics.json is written back, unless another run starts from their checkpoint. Returns
+    how many were restored."""
+    if not Path(registry).is_file():
+        return 0
+    parents = {spec["after"] for spec in runs.values()}
+    old = pd.read_csv(registry)
+    n = 0
+    for row in old[old["status"] == "finished"].to_dict("records"):
+        name = row["run"]
+        if name not in runs or name in parents or finished(out / name):
+            continue
+        if _identity(row["overrides"]) != _identity(runs[name]["overrides"]):
+            continue
+        plan_keys = set(runs[name]) | {"run", "sweep", "profile", "after", "overrides", "total_train_flops"}
+        metrics = {k: v for k, v in row.items() if k not in plan_keys and not pd.isna(v)}
+        write_json(out / name / "metrics.json", {**metrics, "restored_from": str(registry)})
+        n += 1
+    if n:
+        log.info("%d finished runs restored from %s", n, registry)
+    return n
 
 
 # ---- the registry ----

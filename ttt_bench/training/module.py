@@ -23,6 +23,29 @@ def warmup_cosine(step: int, total: int, warmup_fraction: float, peak: float, en
     return (end + 0.5 * (peak - end) * (1 + math.cos(math.pi * progress))) / peak
 
 
+def split_batch(batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(tokens [B, L+1], loss_mask [B, L] or None). A batch is a token tensor, or a dict with `tokens` and an
+    optional boolean `loss_mask`: True where the target tokens[:, t + 1] counts (e.g. MQAR's answers)."""
+    if isinstance(batch, dict):
+        return batch["tokens"], batch.get("loss_mask")
+    return batch, None
+
+
+def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, reduction: str = "mean"):
+    """Cross-entropy and accuracy (argmax == target) over the positions where `mask` is True only:
+    (loss, accuracy, number of positions). reduction='none' gives every position's loss, 0 off the mask."""
+    mask = mask.bool()
+    picked, answers = logits[mask].float(), targets[mask]
+    losses = F.cross_entropy(picked, answers, reduction="none")
+    count = mask.sum()
+    with torch.no_grad():
+        accuracy = (picked.argmax(-1) == answers).sum() / count.clamp_min(1)
+    if reduction == "none":
+        return losses.new_zeros(mask.shape).masked_scatter(mask, losses).flatten(), accuracy, count
+    total = losses.sum()
+    return (total if reduction == "sum" else total / count.clamp_min(1)), accuracy, count
+
+
 class LitLM(L.LightningModule):
     """Wraps a `LanguageModel` built from `model_cfg`. Hyper-parameters (the model config, recipe and
     tokenizer spec) are saved in every checkpoint, so `LitLM.load_from_checkpoint` rebuilds it.
@@ -44,17 +67,28 @@ class LitLM(L.LightningModule):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
 
-    def loss(self, batch: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        logits = self.model(batch[:, :-1])
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction=reduction)
+    def loss(self, batch: torch.Tensor | dict, reduction: str = "mean") -> torch.Tensor:
+        return self.loss_and_accuracy(batch, reduction)[0]
+
+    def loss_and_accuracy(self, batch: torch.Tensor | dict, reduction: str = "mean"):
+        """(loss, accuracy, positions). Without a loss mask (see `split_batch`): the cross-entropy of every
+        target, accuracy and positions None. With one: loss and accuracy over the masked targets only."""
+        tokens, mask = split_batch(batch)
+        logits = self.model(tokens[:, :-1])
+        if mask is None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction=reduction)
+            return loss, None, None
+        return masked_loss(logits, tokens[:, 1:], mask, reduction)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(batch)
+        loss, accuracy, _ = self.loss_and_accuracy(batch)
         if not torch.isfinite(loss):
             self._nonfinite(f"training loss ({loss.item()})")
             return None  # skip: Lightning does no backward and no update for this batch
-        self.tokens_seen += batch[:, 1:].numel() * self.trainer.world_size
+        self.tokens_seen += split_batch(batch)[0][:, 1:].numel() * self.trainer.world_size
         self.log("train/loss", loss, prog_bar=True)
+        if accuracy is not None:
+            self.log("train/accuracy", accuracy)
         self.log("train/tokens", float(self.tokens_seen))
         return loss
 
@@ -82,7 +116,12 @@ class LitLM(L.LightningModule):
                 block.on_train_step(self.global_step, int(self.recipe["warmup_fraction"] * self.max_steps))
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        self.log("val/loss", self.loss(batch), prog_bar=True, sync_dist=True)
+        loss, accuracy, positions = self.loss_and_accuracy(batch)
+        if accuracy is None:
+            self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        elif positions := int(positions):  # weighted by masked positions: the epoch value is their mean
+            self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=positions)
+            self.log("val/accuracy", accuracy, prog_bar=True, sync_dist=True, batch_size=positions)
 
     def configure_optimizers(self):
         r = self.recipe
