@@ -10,6 +10,19 @@ from ttt_bench.experiments import figures, sweeps
 from ttt_bench.experiments.measure import table1, time_w_and_z
 
 MODELS = ("transformer", "linear_attention", "ttt_linear", "ttt_mlp", "mamba")
+TINY = [  # a run of two steps on a small synthetic corpus
+    "data=synthetic",
+    "data.corpus.train_docs=20",
+    "data.corpus.validation_docs=4",
+    "data.corpus.mean_doc_bytes=4000",
+    "data.seq_len=64",
+    "recipe.tokens_per_batch=512",
+    "data.micro_batch_size=4",
+    "trainer.max_steps=2",
+    "data.val_tokens=1024",
+    "size=xs",
+    "trainer.enable_progress_bar=false",
+]
 
 
 def require_models():
@@ -59,22 +72,9 @@ def test_plans_reference_model_configs_seeds_and_match_flops():
 
 def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monkeypatch):
     """A run that fails (a bad override) is recorded, the others go on; a second call trains nothing."""
-    tiny = [
-        "data=synthetic",
-        "data.corpus.train_docs=20",
-        "data.corpus.validation_docs=4",
-        "data.corpus.mean_doc_bytes=4000",
-        "data.seq_len=64",
-        "recipe.tokens_per_batch=512",
-        "data.micro_batch_size=4",
-        "trainer.max_steps=2",
-        "data.val_tokens=1024",
-        "size=xs",
-        "trainer.enable_progress_bar=false",
-    ]
     plan = {
-        "ok": sweeps._run([*tiny, "model=transformer"], label="Transformer"),
-        "bad": sweeps._run([*tiny, "model=transformer", "model.block.n_heads=3"], label="bad"),
+        "ok": sweeps._run([*TINY, "model=transformer"], label="Transformer"),
+        "bad": sweeps._run([*TINY, "model=transformer", "model.block.n_heads=3"], label="bad"),
     }
     monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: plan)
     reg = sweeps.run_sweep("table1", "smoke", tmp_path)
@@ -168,20 +168,7 @@ def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concur
     sweeps writing one registry at once leave a complete, parseable table (per-run files merged on read)."""
     import threading
 
-    tiny = [
-        "data=synthetic",
-        "data.corpus.train_docs=20",
-        "data.corpus.validation_docs=4",
-        "data.corpus.mean_doc_bytes=4000",
-        "data.seq_len=64",
-        "recipe.tokens_per_batch=512",
-        "data.micro_batch_size=4",
-        "trainer.max_steps=2",
-        "data.val_tokens=1024",
-        "size=xs",
-        "trainer.enable_progress_bar=false",
-        "model=transformer",
-    ]
+    tiny = [*TINY, "model=transformer"]
     plan = {"a": sweeps._run([*tiny, "seed=1"], label="a"), "b": sweeps._run([*tiny, "seed=2"], label="b")}
     monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: plan)
     sweeps.run_sweep("table1", "smoke", tmp_path)
@@ -276,20 +263,7 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
 def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_path, monkeypatch):
     """A later session (no run folders) restores the finished runs of the committed registry, trains the
     rest, and does not restore a run whose overrides changed."""
-    tiny = [
-        "data=synthetic",
-        "data.corpus.train_docs=20",
-        "data.corpus.validation_docs=4",
-        "data.corpus.mean_doc_bytes=4000",
-        "data.seq_len=64",
-        "recipe.tokens_per_batch=512",
-        "data.micro_batch_size=4",
-        "trainer.max_steps=2",
-        "data.val_tokens=1024",
-        "size=xs",
-        "trainer.enable_progress_bar=false",
-        "model=transformer",
-    ]
+    tiny = [*TINY, "model=transformer"]
     plan = {"a": sweeps._run([*tiny, "seed=1"], label="a"), "b": sweeps._run([*tiny, "seed=2"], label="b")}
     monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: json.loads(json.dumps(plan)))
     first = sweeps.run_sweep("table1", "smoke", tmp_path / "session1")

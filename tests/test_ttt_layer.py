@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 from tests.conftest import rel_err
 from ttt_bench.config import compose
-from ttt_bench.experiments.sweeps import load_sweep
+from ttt_bench.experiments.sweeps import plan_sweep
 from ttt_bench.models.lm import LanguageModel
 from ttt_bench.models.ttt import TTTBlock, learner
 from ttt_bench.models.ttt.convert import from_authors, to_authors
@@ -53,7 +53,10 @@ def test_eta_warmup_hook():
     assert block.ttt.eta_scale == 1.0
 
 
-TABLE_1 = {run["name"]: run["overrides"] for run in load_sweep("table1")["runs"]}  # conf/sweep/table1.yaml
+TABLE_1 = {  # conf/sweep/table1.yaml as the sweep plans it: each row's model overrides
+    spec["config"]: [o for o in spec["overrides"] if o.startswith("model")]
+    for spec in plan_sweep("table1", "smoke").values()
+}
 
 
 @pytest.mark.parametrize("row", list(TABLE_1))

@@ -27,7 +27,7 @@ def by_config(reg: pd.DataFrame) -> pd.DataFrame:
 
 def fmt_ppl(mean: float, std: float, n: int) -> str:
     if n == 0 or pd.isna(mean):
-        return "-"
+        return "not run yet"
     return f"{mean:.2f}" if n < 2 else f"{mean:.2f} +- {std:.2f}"
 
 
@@ -50,11 +50,12 @@ def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[
     )
     fmt = lambda v, signed=False: "-" if pd.isna(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
     diff, paper = rows["ppl_mean"].diff(), pd.to_numeric(rows["paper_ppl"], errors="coerce")
+    paper_diff = paper - paper.ffill().shift()  # from the nearest row above that the paper has
     lines = [
         "| Configuration | Ppl. (mean +- std) | Diff. | seeds | Paper Ppl. | Paper Diff. |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper.diff(), strict=True):
+    for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper_diff, strict=True):
         mark = " (under-trained)" if bigram is not None and r["ppl_mean"] >= bigram else ""
         lines.append(
             f"| {r['label']} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
