@@ -213,7 +213,7 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     for row in plan.sample(8, random_state=0).itertuples():
         cfg = compose("train", row.overrides)
         assert (
-            cfg.recipe.name == "paper"
+            cfg.recipe.name in ("paper", "finetune")
             and cfg.data.tokenizer.kind == "hf"
             and cfg.trainer.accelerator == "gpu"
         )

@@ -98,8 +98,15 @@ class Step:
 
 def sweep_step(name: str, ctx: dict) -> tuple[Step, pd.DataFrame]:
     step = Step(ctx["out"], name, f"ttt-bench ablate {name}{ctx['flags']}")
-    reg = run_sweep(name, ctx["profile"], ctx["runs"] / name, ctx["data_dir"], pipeline=ctx["progress"],
-                    committed=step.dir / "registry.csv", train=ctx["train"])
+    reg = run_sweep(
+        name,
+        ctx["profile"],
+        ctx["runs"] / name,
+        ctx["data_dir"],
+        pipeline=ctx["progress"],
+        committed=step.dir / "registry.csv",
+        train=ctx["train"],
+    )
     step.csv("registry.csv", reg)
     floors = pd.read_csv(ctx["runs"] / name / "floors.csv")
     step.csv("floors.csv", floors)
@@ -342,22 +349,31 @@ def update_readme(readme: Path, out: Path, make: str) -> None:
         return
     verdicts = pd.read_csv(out / "claims.csv")
     rel = out.resolve().relative_to(readme.parent.resolve()).as_posix()
-    lines = [f"From `{make}`; [{rel}/REPORT.md]({rel}/REPORT.md) has every table, "
-             "figure and number. Steps run so far:", ""]
+    lines = [
+        f"From `{make}`; [{rel}/REPORT.md]({rel}/REPORT.md) has every table, "
+        "figure and number. Steps run so far:",
+        "",
+    ]
     for step in SECTIONS:
         meta = out / step / "step.json"
         if meta.is_file():
             m = json.loads(meta.read_text())
-            lines.append(f"- `{step}`: `{m['command']}`, {m['wall_time_s'] / 60:.0f} min on {m['hardware']}, "
-                         f"finished {m['finished']}")
+            trained = f" (its runs trained {m['trained_s'] / 60:.0f} min)" if m.get("trained_s") else ""
+            lines.append(
+                f"- `{step}`: `{m['command']}`, {m['wall_time_s'] / 60:.0f} min{trained} on {m['hardware']}, "
+                f"finished {m['finished']}"
+            )
         else:
             lines.append(f"- `{step}`: not run yet (`{make} STEPS={step}`)")
     if (out / "table1" / "table1.md").is_file():
         head = "Table 1 (pile-mini, context 128, size `xs`; perplexity per byte, mean +- std over seeds):"
         lines += ["", head, "", (out / "table1" / "table1.md").read_text().strip()]
     lines += ["", "| claim | verdict | evidence |", "|---|---|---|"]
-    lines += [f"| {r.figure}: {r.claim} | **{r.verdict}** | {r.evidence} |" for r in verdicts.itertuples()
-              if r.verdict != "not measured"]
+    lines += [
+        f"| {r.figure}: {r.claim} | **{r.verdict}** | {r.evidence} |"
+        for r in verdicts.itertuples()
+        if r.verdict != "not measured"
+    ]
     missing = verdicts[verdicts["verdict"] == "not measured"]
     if len(missing):
         todo = "; ".join(f"{r.figure}: {r.claim}" for r in missing.itertuples())
@@ -380,8 +396,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--runs", type=Path, help="run folders (default: $TTT_BENCH_RUNS/reproduce-PROFILE)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     p.add_argument("--report-only", action="store_true", help="assemble REPORT.md from the step folders")
-    p.add_argument("--no-train", action="store_true",
-                   help="write the steps' folders from the runs finished so far, training nothing")
+    p.add_argument(
+        "--no-train",
+        action="store_true",
+        help="write the steps' folders from the runs finished so far, training nothing",
+    )
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     steps = [s for s in a.steps.split(",") if s]

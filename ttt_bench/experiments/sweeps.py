@@ -167,6 +167,10 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
             suffix,
         )
         runs[name]["after"] = f"books-{ft['from']}-{size}-T{p['finetune_base']}{suffix}"
+        # the finetune recipe replaces the profile's (its recipe.* keys, e.g. tokens per batch, still apply)
+        runs[name]["overrides"] = [
+            o for o in runs[name]["overrides"] if not o.startswith("recipe=") or o == "recipe=finetune"
+        ]
         return name
 
     for role in ("pile", "books"):
