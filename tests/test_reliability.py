@@ -105,13 +105,13 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
 @pytest.fixture
 def nan_loss_at_step_2(monkeypatch):
     """The training loss of optimizer step 2 (both micro-batches) becomes NaN."""
-    loss = LitLM.loss
+    loss_and_accuracy = LitLM.loss_and_accuracy
 
     def patched(self, batch, reduction="mean"):
-        value = loss(self, batch, reduction)
-        return value * float("nan") if self.training and self.global_step == 1 else value
+        value, *rest = loss_and_accuracy(self, batch, reduction)
+        return (value * float("nan") if self.training and self.global_step == 1 else value, *rest)
 
-    monkeypatch.setattr(LitLM, "loss", patched)
+    monkeypatch.setattr(LitLM, "loss_and_accuracy", patched)
 
 
 def test_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys,
