@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ttt_bench.config import compose
 from ttt_bench.errors import UserError
 from ttt_bench.models import LanguageModel
-from ttt_bench.models.mamba import Mamba, MambaBlock, block
+from ttt_bench.models.mamba import Mamba, MambaBlock, block, scan_cpu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,9 +50,11 @@ def test_init_as_mamba_ssm_after_lm_init():
     assert mixer.dt_proj.weight.abs().max() <= 4**-0.5
 
 
-def test_decoding_matches_full_forward():
+@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=pytest.mark.skipif(
+    not scan_cpu.available(), reason="the C++ kernel does not build here"))])
+def test_decoding_matches_full_forward(backend):
     torch.manual_seed(0)
-    model = _lm(n_layers=3, chunk_size=4).double().eval()
+    model = _lm(n_layers=3, chunk_size=4, backend=backend).double().eval()
     ids = torch.randint(0, 61, (2, 13))
     with torch.no_grad():
         full = model(ids)
@@ -84,10 +86,36 @@ def test_backend_selection(caplog, monkeypatch):
     monkeypatch.setattr(block, "cuda_kernels", lambda: None)
     with pytest.raises(UserError, match=r"pip install -e '\.\[cuda\]'"):
         Mamba(16, backend="cuda")
-    monkeypatch.setattr(block, "_logged_backends", set())
-    with caplog.at_level(logging.INFO, logger=block.__name__):
-        Mamba(16)(torch.randn(1, 3, 16))
-    assert "torch" in caplog.text
+    for backend in ("torch", "auto"):
+        monkeypatch.setattr(block, "_logged_backends", set())
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=block.__name__):
+            Mamba(16, backend=backend)(torch.randn(1, 3, 16))
+        kernel = backend == "auto" and scan_cpu.available()
+        used = "cpu (C++ selective scan kernel)" if kernel else "torch (chunked selective scan)"
+        assert used in caplog.text
+    monkeypatch.setattr(scan_cpu, "available", lambda: False)
+    with pytest.raises(UserError, match="backend=cpu needs the Mamba CPU kernel"):
+        Mamba(16, backend="cpu")
+
+
+@pytest.mark.skipif(not scan_cpu.available(), reason="the C++ kernel does not build here")
+def test_cpu_kernel_matches_torch_path():
+    """The whole LM, outputs and every parameter's gradient, float64: backend=cpu equals backend=torch."""
+    torch.manual_seed(0)
+    ref = _lm(24, 2, backend="torch").double()
+    fast = copy.deepcopy(ref)
+    for b in fast.blocks:
+        b.mixer.backend = "cpu"
+    ids = torch.randint(0, 61, (3, 45))
+    outs = []
+    for model in (ref, fast):
+        out = model(ids)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        outs.append((out, [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-9, atol=1e-9)
+    for g_fast, g_ref in zip(outs[1][1], outs[0][1], strict=True):
+        torch.testing.assert_close(g_fast, g_ref, rtol=1e-8, atol=1e-10)
 
 
 def _cuda_reason():
@@ -112,3 +140,10 @@ def test_cuda_kernels_match_torch_path():
     out_fast.square().mean().backward()
     for (name, p), q in zip(ref.named_parameters(), fast.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-2, atol=1e-4, msg=name)
+
+
+def test_narrow_linear_gradients():
+    """dt_proj's matmul with its transposed gradients (block._NarrowLinear) against autograd's."""
+    x = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(24, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(block._NarrowLinear.apply, (x, w))

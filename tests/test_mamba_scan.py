@@ -1,8 +1,11 @@
-"""The chunked selective scan equals the sequential reference, outputs and gradients."""
+"""Both fast selective scans (the chunked PyTorch scan and the C++ kernel) equal the sequential reference,
+outputs and gradients."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from ttt_bench.models.mamba import scan_cpu
 from ttt_bench.models.mamba.scan import selective_scan
 from ttt_bench.models.mamba.scan_ref import selective_scan_ref
 
@@ -10,6 +13,9 @@ NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+# kernel=False: the chunked PyTorch scan; True: the C++ kernel (skipped where no compiler builds it)
+NO_KERNEL = pytest.mark.skipif(not scan_cpu.available(), reason="the C++ kernel does not build here")
+IMPLS = [pytest.param(False, id="chunked"), pytest.param(True, id="kernel", marks=NO_KERNEL)]
 
 
 def _inputs(b, l, d, n, seed, delta_scale=0.5, dtype=torch.float64):
@@ -33,32 +39,88 @@ def _run(fn, x, seed, **kw):
     return y, h, torch.autograd.grad(loss, list(x.values()))
 
 
+@pytest.mark.parametrize("kernel", IMPLS)
 @pytest.mark.parametrize("b,l,d,n,chunk", [(2, 37, 5, 3, 8), (1, 5, 4, 2, 16), (3, 64, 6, 4, 16),
-                                           (2, 1, 3, 2, None), (2, 50, 4, 16, None), (1, 23, 3, 5, 1)])
-def test_chunked_matches_reference(b, l, d, n, chunk):
+                                           (2, 1, 3, 2, None), (2, 50, 4, 16, None), (1, 23, 3, 5, 1),
+                                           (2, 40, 19, 16, None)])
+def test_fast_scans_match_reference(b, l, d, n, chunk, kernel):
     seed = b * 1000 + l
     x = _inputs(b, l, d, n, seed)
-    y, h, grads = _run(selective_scan, x, seed, chunk_size=chunk)
+    y, h, grads = _run(selective_scan, x, seed, chunk_size=chunk, kernel=kernel)
     y_ref, h_ref, grads_ref = _run(selective_scan_ref, x, seed)
     assert _rel(y, y_ref) <= 1e-5 and _rel(h, h_ref) <= 1e-5
     for name, g, g_ref in zip(NAMES, grads, grads_ref, strict=True):
         assert _rel(g, g_ref) <= 1e-5, name
 
 
-def test_strong_decay_stays_finite():
+@pytest.mark.parametrize("kernel", IMPLS)
+def test_strong_decay_stays_finite(kernel):
     """delta * A sums to ~ -1e4 within a chunk: no overflow, still equal to the reference."""
     x = _inputs(2, 40, 4, 8, seed=0, delta_scale=0.0, dtype=torch.float32)
     with torch.no_grad():
         x["delta_bias"].fill_(50.0)
-    y, h, grads = _run(selective_scan, x, 0, chunk_size=16)
+    y, h, grads = _run(selective_scan, x, 0, chunk_size=16, kernel=kernel)
     y_ref, h_ref, _ = _run(selective_scan_ref, x, 0)
     assert all(t.isfinite().all() for t in (y, h, *grads))
     assert _rel(y, y_ref) < 1e-5
 
 
-def test_defaults_and_dtype():
+@pytest.mark.parametrize("kernel", IMPLS)
+def test_defaults_and_dtype(kernel):
     x = {k: v.detach().float() for k, v in _inputs(2, 9, 3, 4, seed=1).items()}
     del x["initial_state"]
-    y = selective_scan(**x)
+    y = selective_scan(**x, kernel=kernel)
     torch.testing.assert_close(y, selective_scan_ref(**x), rtol=1e-4, atol=1e-5)
-    assert selective_scan(**{k: v.bfloat16() for k, v in x.items()}).dtype == torch.bfloat16
+    assert selective_scan(**{k: v.bfloat16() for k, v in x.items()}, kernel=kernel).dtype == torch.bfloat16
+
+
+@NO_KERNEL
+@pytest.mark.parametrize("threads", [1, 4])
+def test_kernel_splits_work_over_threads(threads):
+    """The kernel's (sequence, channel block) pairs split over threads mid-sequence: same results."""
+    x = _inputs(2, 37, 24, 16, seed=7)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y, h, grads = _run(selective_scan, x, 7, kernel=True)
+    finally:
+        torch.set_num_threads(previous)
+    y_ref, h_ref, grads_ref = _run(selective_scan_ref, x, 7)
+    assert _rel(y, y_ref) <= 1e-10 and _rel(h, h_ref) <= 1e-10
+    for name, g, g_ref in zip(NAMES, grads, grads_ref, strict=True):
+        assert _rel(g, g_ref) <= 1e-10, name
+
+
+@NO_KERNEL
+@pytest.mark.parametrize("b,l,c,k,threads", [(2, 37, 19, 4, 1), (3, 5, 8, 4, 2), (1, 2, 16, 4, 1),
+                                             (2, 30, 8, 1, 1), (2, 64, 24, 3, 3)])
+def test_conv_silu_matches_conv1d(b, l, c, k, threads):
+    """The kernel's causal depthwise conv + SiLU equals F.silu(F.conv1d(...)) with k - 1 zeros on the left."""
+    g = torch.Generator().manual_seed(l)
+    x, weight, bias = (torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_()
+                       for s in ((b, l, c), (c, 1, k), (c,)))
+    ref = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (k - 1, 0)), weight, bias, groups=c).transpose(1, 2))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = scan_cpu.conv_silu(x, weight, bias)
+        dy = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        grads = torch.autograd.grad(out, (x, weight, bias), dy)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for got, want in zip(grads, torch.autograd.grad(ref, (x, weight, bias), dy), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_kernel_build_failure_leaves_the_pytorch_scan(monkeypatch, tmp_path, caplog):
+    """A compiler that fails (or none): no library, a warning, and selective_scan runs the chunked scan."""
+    monkeypatch.setenv("TTT_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    monkeypatch.setattr(scan_cpu.shutil, "which", lambda name: "/bin/false" if name == "false" else None)
+    assert scan_cpu._library.__wrapped__() is None and "building it failed" in caplog.text
+    monkeypatch.setattr(scan_cpu.shutil, "which", lambda name: None)
+    assert scan_cpu._library.__wrapped__() is None
+    monkeypatch.setattr(scan_cpu, "available", lambda: False)
+    x = {k: v.detach() for k, v in _inputs(1, 9, 3, 4, seed=2).items()}
+    torch.testing.assert_close(selective_scan(**x), selective_scan_ref(**x))

@@ -4,5 +4,5 @@ run(args) -> DataFrame, and optionally summary(df) -> lines printed after the ta
 SUITES = {
     "models": "prefill/decode latency vs context, training throughput and MFU, peak memory of whole models",
     "forms": "TTT-Linear forward+backward: primal vs dual form (and the Triton kernel on CUDA)",
-    "scan": "Mamba's selective scan: chunked vs sequential vs mambapy (forward+backward, CPU)",
+    "scan": "Mamba's selective scan: C++ kernel vs chunked vs sequential vs mambapy (forward+backward, CPU)",
 }

@@ -1,8 +1,9 @@
 """`ttt-bench bench scan`: forward+backward time of Mamba's selective scan on CPU.
 
-Compares our chunked scan, the sequential reference (at a shorter length by default: it is one
-Python step per token) and mambapy's Blelloch parallel scan (`mambapy.pscan`) on the same inputs,
-each including softplus(delta + bias), the D skip and the silu(z) gate, gradients to every input.
+Compares the C++ kernel (`scan_cpu.py`, where it builds), our chunked PyTorch scan, the sequential
+reference (at a shorter length by default: it is one Python step per token) and mambapy's Blelloch
+parallel scan (`mambapy.pscan`) on the same inputs, each including softplus(delta + bias), the D skip
+and the silu(z) gate, gradients to every input.
 """
 
 import argparse
@@ -11,6 +12,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from ttt_bench.models.mamba import scan_cpu
 from ttt_bench.models.mamba.scan import selective_scan
 from ttt_bench.models.mamba.scan_ref import selective_scan_ref
 
@@ -23,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-model", type=int, default=128, help="d_inner = expand * d_model")
     parser.add_argument("--expand", type=int, default=2)
     parser.add_argument("--d-state", type=int, default=16)
-    parser.add_argument("--chunk-size", type=int, default=0, help="0: ~sqrt(seqlen)")
+    parser.add_argument("--chunk-size", type=int, default=0,
+                        help="the chunked scan's tokens per chunk (0: its default)")
     parser.add_argument("--ref-seqlen", type=int, default=256, help="sequential reference's length (0: skip)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
@@ -62,9 +65,13 @@ def run(args) -> pd.DataFrame:
     torch.set_num_threads(args.threads)
     d_inner = args.expand * args.d_model
     g = torch.Generator().manual_seed(args.seed)
-    ours = lambda **kw: selective_scan(**kw, delta_softplus=True, chunk_size=args.chunk_size or None)
+    chunk = args.chunk_size or None
+    ours = lambda **kw: selective_scan(**kw, delta_softplus=True, chunk_size=chunk, kernel=False)
+    kernel = lambda **kw: selective_scan(**kw, delta_softplus=True, kernel=True)
     ref = lambda **kw: selective_scan_ref(**kw, delta_softplus=True)
     cases = [("mambapy_pscan", _mambapy_scan, args.seqlen), ("chunked", ours, args.seqlen)]
+    if scan_cpu.available():
+        cases.append(("kernel", kernel, args.seqlen))
     if args.ref_seqlen:
         if args.ref_seqlen != args.seqlen:
             cases.insert(0, ("mambapy_pscan", _mambapy_scan, args.ref_seqlen))

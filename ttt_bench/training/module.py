@@ -86,11 +86,24 @@ class LitLM(L.LightningModule):
             self._nonfinite(f"training loss ({loss.item()})")
             return None  # skip: Lightning does no backward and no update for this batch
         self.tokens_seen += split_batch(batch)[0][:, 1:].numel() * self.trainer.world_size
-        self.log("train/loss", loss, prog_bar=True)
-        if accuracy is not None:
-            self.log("train/accuracy", accuracy)
-        self.log("train/tokens", float(self.tokens_seen))
+        if self._logs_written():
+            self.log("train/loss", loss, prog_bar=True)
+            if accuracy is not None:
+                self.log("train/accuracy", accuracy)
+            self.log("train/tokens", float(self.tokens_seen))
         return loss
+
+    def _logs_written(self) -> bool:
+        """Whether Lightning writes what this micro-batch logs: the last micro-batch of an optimizer step,
+        every `trainer.log_every_n_steps` steps (Lightning's own tests, which give the same answer before the
+        step as after it). A `self.log` call costs about a millisecond, so the values no logger would see are
+        not logged (the progress bar's loss updates on the written steps). On a Lightning without these
+        internals: every micro-batch."""
+        trainer = self.trainer
+        try:
+            return not trainer.fit_loop._should_accumulate() and trainer._logger_connector.should_update_logs
+        except AttributeError:
+            return True
 
     def _nonfinite(self, what: str) -> None:
         step = self.global_step + 1  # 1-based, as in losses.csv
@@ -102,10 +115,25 @@ class LitLM(L.LightningModule):
         log.warning("non-finite %s at step %d: update skipped (%d so far)", what, step, self.skipped_steps)
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        """NaN/inf gradients stop the run or skip the update (`nonfinite`), found from the global gradient
+        norm (one fused pass over the gradients), which `configure_gradient_clipping` then clips with."""
         grads = [p.grad for p in self.parameters() if p.grad is not None]
-        if grads and not torch.isfinite(torch.stack([g.abs().max() for g in grads])).all():
+        self._grad_norm = torch.nn.utils.get_total_norm(grads) if grads else None
+        if self._grad_norm is not None and not torch.isfinite(self._grad_norm):
+            self._grad_norm = None
             self._nonfinite("gradient")
             optimizer.zero_grad(set_to_none=True)  # skip: AdamW leaves parameters without gradients alone
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Lightning's clipping by the global norm (recipe.grad_clip), with the norm that
+        `on_before_optimizer_step` computed for this step (Lightning calls this hook right after it) instead
+        of a second pass over the gradients."""
+        norm, self._grad_norm = getattr(self, "_grad_norm", None), None
+        if norm is not None and gradient_clip_val and gradient_clip_algorithm in (None, "norm"):
+            params = [p for p in self.parameters() if p.grad is not None]
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+        else:
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self._resume_rng_states is not None:  # where the interrupted run was (see on_save_checkpoint)

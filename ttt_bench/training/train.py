@@ -4,6 +4,10 @@ Run folder layout (Hydra's output dir):
     .hydra/config.yaml       resolved config            checkpoints/last.ckpt, step-*.ckpt
     metrics.csv              per-step CSV log           metrics.json   final summary
     token_index.csv          final token-index losses   losses.csv     loss of every optimizer step
+
+metrics.json's `tokens_per_s` divides the tokens by the whole fit's wall time (start-up, validation and
+checkpoints included); `steady_tokens_per_s` is the training loop's own throughput (`StepTimer`), the number
+to compare with `ttt-bench bench models`' train phase (docs/speed.md).
 """
 
 import logging
@@ -13,7 +17,7 @@ from pathlib import Path
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
@@ -80,6 +84,38 @@ class LossLog(Callback):
             with self.path.open("a") as f:
                 f.write(f"{self.step},{'nan' if self.total is None else repr(self.total)}\n")
             self.total = None
+
+
+class StepTimer(Callback):
+    """Wall time of every optimizer step, from the end of the previous one: loading its micro-batches, their
+    forward and backward, the update, logging. `tokens_per_s()` is the steady state: it leaves out the first
+    `warmup` steps of the process (allocator, caches, kernels built at first use) and every step during which
+    the run validated or wrote a checkpoint."""
+
+    def __init__(self, tokens_per_step: int, warmup: int = 5):
+        self.tokens_per_step, self.warmup = tokens_per_step, warmup
+        self.times: list[float] = []
+        self.step, self.last, self.done, self.excluded = None, None, 0, False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step, self.last, self.done, self.excluded = trainer.global_step, None, 0, False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:  # inside an accumulation window
+            return
+        now = time.perf_counter()
+        if self.last is not None and self.done >= self.warmup and not self.excluded:
+            self.times.append(now - self.last)
+        self.step, self.last, self.done, self.excluded = trainer.global_step, now, self.done + 1, False
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self.excluded = True
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self.excluded = True
+
+    def tokens_per_s(self) -> float | None:
+        return self.tokens_per_step * len(self.times) / sum(self.times) if self.times else None
 
 
 # Settings that must be positive integers / numbers (checked when present), with an example value each.
@@ -164,6 +200,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_float32_matmul_precision("highest")
     fault = cfg.get("fault") or {}  # test-only fault injection, see faults.py
     kill_step, kill_during = fault.get("kill_at_step"), fault.get("kill_during", "step")
+    timer = StepTimer(geo["tokens_per_step"])
     callbacks = [
         StepCheckpoint(
             dirpath=run_dir / "checkpoints",
@@ -175,6 +212,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         ),
         LearningRateMonitor(logging_interval="step"),
         LossLog(run_dir / "losses.csv"),
+        timer,
+        # the bar redraws every 10th micro-batch (Lightning's default: every one)
+        *([TQDMProgressBar(refresh_rate=10)] if cfg.trainer.get("enable_progress_bar", True) else []),
         *([KillDuringStep(kill_step)] if kill_step and kill_during == "step" else []),
     ]
     checkpoint_io = AtomicCheckpointIO(kill_step if kill_during == "checkpoint_write" else None)
@@ -229,6 +269,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "skipped_steps": module.skipped_steps,
         "wall_time_s": round(wall, 2),
         "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1),
+        "steady_tokens_per_s": None if timer.tokens_per_s() is None else round(timer.tokens_per_s(), 1),
+        "steady_steps": len(timer.times),
         **result,
         "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
         "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen),

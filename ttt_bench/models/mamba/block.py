@@ -1,15 +1,17 @@
 """Mamba (Gu & Dao, 2023) blocks: x + Mamba(RMSNorm(x)), as mamba-ssm's MambaLMHeadModel.
 
 `Mamba` has the parameter names and shapes of `mamba_ssm.modules.mamba_simple.Mamba` (in_proj,
-conv1d, x_proj, dt_proj, A_log, D, out_proj), so a state dict loads into either. Two backends
+conv1d, x_proj, dt_proj, A_log, D, out_proj), so a state dict loads into either. Three backends
 compute the same function:
 
   torch: pure PyTorch, the chunked selective scan of `scan.py` (any device);
+  cpu:   the selective scan as the C++ kernel of `scan_cpu.py` (CPU inputs; built at first use), the
+         rest of the layer as in `torch`;
   cuda:  mamba-ssm's fused kernels (mamba_inner_fn, causal_conv1d) for CUDA inputs.
 
-`backend="auto"` uses the kernels when the input is on CUDA and mamba-ssm imports, else PyTorch.
-Decoding with a cache (any number of new tokens per call) always takes the PyTorch path, which
-handles an initial state.
+`backend="auto"` uses mamba-ssm's kernels when the input is on CUDA and mamba-ssm imports, the CPU
+kernel when the input is on the CPU and the kernel builds, else PyTorch. Decoding with a cache (any
+number of new tokens per call) takes the cpu or torch path, which handle an initial state.
 """
 
 import functools
@@ -24,10 +26,11 @@ from torch import nn
 from ttt_bench.errors import UserError
 
 from ..layers import CausalConv1d, RMSNorm
+from . import scan_cpu
 from .scan import selective_scan
 
 log = logging.getLogger(__name__)
-BACKENDS = ("auto", "torch", "cuda")
+BACKENDS = ("auto", "torch", "cpu", "cuda")
 _logged_backends: set[str] = set()
 
 
@@ -46,6 +49,25 @@ def _log_backend(name: str) -> None:
     if name not in _logged_backends:
         _logged_backends.add(name)
         log.info("Mamba backend: %s", name)
+
+
+class _NarrowLinear(torch.autograd.Function):
+    """F.linear(x, w) for a weight with few input features (dt_proj: dt_rank = d_model / 16 of them).
+    Autograd computes both gradients as matmuls with an output of dt_rank columns (g^T x and g w), which MKL
+    runs several times slower than their transposes (x^T g)^T and (w^T g^T)^T (docs/mamba.md). CPU only."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (w.t() @ g2.t()).t().reshape(x.shape) if ctx.needs_input_grad[0] else None
+        gw = (x.reshape(-1, x.shape[-1]).t() @ g2).t() if ctx.needs_input_grad[1] else None
+        return gx, gw
 
 
 @dataclass
@@ -67,6 +89,10 @@ class Mamba(nn.Module):
         if backend == "cuda" and not (torch.cuda.is_available() and cuda_kernels() is not None):
             raise UserError("model.block.backend=cuda needs a CUDA GPU and mamba-ssm: install a CUDA build "
                             "of torch, then `pip install -e '.[cuda]'` (or use backend=auto|torch)")
+        if backend == "cpu" and not scan_cpu.available():
+            raise UserError("model.block.backend=cpu needs the Mamba CPU kernel, which did not build here "
+                            "(it needs a C++ compiler, g++ or c++, on PATH; see docs/mamba.md); "
+                            "or use backend=auto|torch")
         self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
         self.d_inner = expand * d_model
         self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
@@ -109,20 +135,32 @@ class Mamba(nn.Module):
         if self.backend == "cuda" and not x.is_cuda:
             raise UserError("model.block.backend=cuda but the input is not on a CUDA device: "
                             "use backend=auto|torch")
-        _log_backend("torch (chunked selective scan)")
-        return self._forward_torch(x, cache)
+        if self.backend == "cpu" and x.is_cuda:
+            raise UserError("model.block.backend=cpu but the input is on a CUDA device: "
+                            "use backend=auto|cuda")
+        kernel = self.backend == "cpu" or (self.backend == "auto" and scan_cpu.supports(x, self.d_state)
+                                            and scan_cpu.available())
+        _log_backend("cpu (C++ selective scan kernel)" if kernel else "torch (chunked selective scan)")
+        return self._forward_torch(x, cache, kernel)
 
-    def _forward_torch(self, x: torch.Tensor, cache: MambaCache | None) -> torch.Tensor:
+    def _forward_torch(self, x: torch.Tensor, cache: MambaCache | None, kernel: bool = False) -> torch.Tensor:
+        """The layer in PyTorch ops around `selective_scan`, with the C++ scan kernel or the chunked scan."""
         xs, z = self.in_proj(x).chunk(2, dim=-1)
-        xs, conv_state = self.conv1d(xs, None if cache is None else cache.conv)
-        if cache is not None:
-            cache.conv = conv_state
-        xs = F.silu(xs)
+        if (kernel and cache is None and self.d_conv <= scan_cpu.MAX_CONV
+                and xs.dtype in (torch.float32, torch.float64)):
+            xs = scan_cpu.conv_silu(xs, self.conv1d.weight, self.conv1d.bias)  # the conv and silu in one pass
+        else:
+            xs, conv_state = self.conv1d(xs, None if cache is None else cache.conv)
+            if cache is not None:
+                cache.conv = conv_state
+            xs = F.silu(xs)
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        y = selective_scan(xs, F.linear(dt, self.dt_proj.weight), -torch.exp(self.A_log.float()), B, C,
+        w = self.dt_proj.weight
+        delta = F.linear(dt, w) if dt.is_cuda else _NarrowLinear.apply(dt, w)
+        y = selective_scan(xs, delta, -torch.exp(self.A_log.float()), B, C,
                            self.D.float(), z, delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
                            initial_state=None if cache is None else cache.ssm,
-                           return_last_state=cache is not None, chunk_size=self.chunk_size)
+                           return_last_state=cache is not None, chunk_size=self.chunk_size, kernel=kernel)
         if cache is not None:
             y, ssm = y
             cache.ssm = ssm.to(cache.ssm.dtype)
