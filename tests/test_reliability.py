@@ -102,6 +102,24 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     assert rows[1:] == (reference / "losses.csv").read_text().splitlines()[5:]
 
 
+def test_the_final_model_is_saved_when_max_steps_is_not_a_multiple_of_the_interval(tmp_path):
+    """8 steps, a checkpoint every 3: step-3, step-6 and step-8 are written, and last.ckpt is step 8, the model
+    metrics.json describes. Re-running from step-3.ckpt rewrites last.ckpt (no last-v1.ckpt)."""
+    train_in_process(f"paths.runs={tmp_path}", "checkpoint_every_n_steps=3")
+    folder = run_dir(tmp_path)
+    names = sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt"))
+    assert names == ["last.ckpt", "step-3.ckpt", "step-6.ckpt", "step-8.ckpt"]
+    last = final_state(folder)
+    assert last["global_step"] == 8 == json.loads((folder / "metrics.json").read_text())["steps"]
+    step8 = torch.load(folder / "checkpoints" / "step-8.ckpt", map_location="cpu", weights_only=False)
+    assert_identical(last["state_dict"], step8["state_dict"])
+
+    train_in_process(f"paths.runs={tmp_path}", "checkpoint_every_n_steps=3",
+                     f"ckpt_path={folder / 'checkpoints' / 'step-3.ckpt'}")
+    assert not list((folder / "checkpoints").glob("last-v*.ckpt"))
+    assert_identical(final_state(folder)["state_dict"], step8["state_dict"])
+
+
 @pytest.fixture
 def nan_loss_at_step_2(monkeypatch):
     """The training loss of optimizer step 2 (both micro-batches) becomes NaN."""

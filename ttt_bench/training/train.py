@@ -52,13 +52,21 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
 
 
 class StepCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that does not save again the step a run resumed from: Lightning would rewrite
-    step-N.ckpt and last.ckpt after the first micro-batch, mid-accumulation, and a resume from those would
-    misplace the accumulation windows."""
+    """ModelCheckpoint every `every_n_train_steps` steps and at the final step, so last.ckpt is the model that
+    metrics.json describes (Lightning saves on multiples of the interval only). It does not save again the
+    step a run resumed from: Lightning would rewrite step-N.ckpt and last.ckpt after the first micro-batch,
+    mid-accumulation, and a resume from those would misplace the accumulation windows."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_global_step_saved = trainer.global_step
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_step != self._last_global_step_saved:  # max_steps not a multiple of the interval
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        super().on_train_end(trainer, pl_module)
 
 
 class LossLog(Callback):
@@ -209,6 +217,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             every_n_train_steps=cfg.checkpoint_every_n_steps,
             save_last=True,
             save_top_k=-1,
+            enable_version_counter=False,  # a re-run from an older step-N.ckpt rewrites last.ckpt, not last-v1
         ),
         LearningRateMonitor(logging_interval="step"),
         LossLog(run_dir / "losses.csv"),
