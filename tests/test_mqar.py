@@ -204,3 +204,5 @@ def test_a_small_transformer_learns_mqar(tmp_path, one_thread):
     accuracy = [float(r["val/accuracy"]) for r in rows if r.get("val/accuracy")]
     assert len(accuracy) == 1 and accuracy[0] > 0.95, (accuracy, seconds)
     assert metrics["steps"] == 600 and metrics["tokens_seen"] == 600 * 2048
+    assert metrics["val_accuracy"] == pytest.approx(accuracy[0], abs=1e-6)  # evaluate() reads the same mask
+    assert metrics["val_tokens"] == 512 * 4  # the answer positions only

@@ -12,31 +12,42 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 8, device=None) 
     """Loss over every sequence of `dataset` (packed [L+1] token windows).
 
     Returns mean loss, perplexity and the token-index curve: mean loss at each position t of the
-    sequence over all validation sequences (Figures 2 right and 14).
+    sequence over all validation sequences (Figures 2 right and 14). A dataset with a `loss_mask(i)` ([L]
+    booleans, e.g. MQAR's answer positions) counts the masked positions only, and adds `val_accuracy`
+    (argmax == target); positions no sequence counts are NaN in the curve.
     """
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
-    per_position = None
+    mask_of = getattr(dataset, "loss_mask", None)
+    loss_sum = count = correct = None
     n_seqs = 0
     for start in range(0, len(dataset), batch_size):
         indices = range(start, min(start + batch_size, len(dataset)))
         batch = torch.stack([dataset[i] for i in indices]).to(device)
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten(), reduction="none")
-        loss = loss.view(batch.shape[0], -1).double().sum(0).cpu()
-        per_position = loss if per_position is None else per_position + loss
+        logits = model(batch[:, :-1]).float()
+        targets = batch[:, 1:]
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view(targets.shape)
+        mask = (torch.stack([mask_of(i) for i in indices]).to(device).bool() if mask_of
+                else torch.ones_like(targets, dtype=torch.bool))
+        hits = (logits.argmax(-1) == targets) & mask
+        parts = ((loss.double() * mask).sum(0).cpu(), mask.sum(0).double().cpu(), hits.sum(0).double().cpu())
+        loss_sum, count, correct = parts if loss_sum is None else (
+            loss_sum + parts[0], count + parts[1], correct + parts[2])
         n_seqs += batch.shape[0]
     model.train(was_training)
-    token_index = (per_position / n_seqs).numpy()
-    mean = float(token_index.mean())
-    return {
+    token_index = (loss_sum / count).numpy()  # NaN where no sequence counts the position
+    mean = float(loss_sum.sum() / count.sum().clamp_min(1))
+    result = {
         "val_loss": mean,
         "val_ppl": math.exp(min(mean, 50.0)),
         "val_sequences": n_seqs,
-        "val_tokens": n_seqs * len(token_index),
+        "val_tokens": int(count.sum()),
         "token_index_loss": token_index,
     }
+    if mask_of:
+        result["val_accuracy"] = float(correct.sum() / count.sum().clamp_min(1))
+    return result
 
 
 def bits_per_byte(loss: float, bytes_per_token: float) -> float:
