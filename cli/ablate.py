@@ -20,7 +20,9 @@ def run(args: list[str]) -> None:
     p.add_argument(
         "--data-dir", help="real corpora (pile-mini/, books-mini/ or Pile shards); default synthetic"
     )
-    p.add_argument("--plan", action="store_true", help="print the runs and their overrides, run nothing")
+    p.add_argument(
+        "--plan", action="store_true", help="print the runs, their overrides and estimated time; run nothing"
+    )
     p.add_argument(
         "launcher",
         nargs="*",
@@ -28,13 +30,47 @@ def run(args: list[str]) -> None:
         "hydra.launcher.n_jobs=2, or hydra/launcher=submitit_slurm hydra.launcher.partition=gpu",
     )
     a = p.parse_args(args)
-    from ttt_bench.experiments.sweeps import plan_sweep, run_sweep
+    from ttt_bench.experiments.sweeps import (
+        CPU_TRAIN_FLOPS,
+        calibrates,
+        estimate,
+        plan_sweep,
+        run_recall,
+        run_sweep,
+    )
 
     if a.plan:
-        for name, spec in plan_sweep(a.sweep, a.profile, a.data_dir).items():
-            print(f"{name}: {' '.join(spec['overrides'])}")
+        stages = [("", {})]
+        if a.sweep == "recall" and calibrates(a.profile):
+            stages = [
+                ("calibration (one seed per lr): ", {}),
+                ("grid, at each method's chosen lr (shown at the first): ", {"lrs": {}}),
+            ]
+        total = 0.0
+        for title, options in stages:
+            runs = plan_sweep(a.sweep, a.profile, a.data_dir, **options)
+            if title:
+                print(f"# {title}{len(runs)} runs")
+            for name, spec in runs.items():
+                e = estimate(spec)
+                total += e["minutes"]
+                print(
+                    f"{name} [{e['tokens']:.3g} tokens, {e['train_flops']:.2g} FLOPs, "
+                    f"~{e['minutes']:.1f} min]: {' '.join(spec['overrides'])}"
+                )
+        print(
+            f"# estimated training time: {total:.0f} min at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s, the small "
+            "models' training rate on a 2-core CPU (flops.py's count); GPUs are far faster"
+        )
         return
     out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "sweeps" / f"{a.sweep}-{a.profile}"
-    df = run_sweep(a.sweep, a.profile, out, a.data_dir, a.launcher)
+    if a.sweep == "recall":
+        df, _, lrs = run_recall(a.profile, out, a.data_dir, a.launcher)
+        if lrs:
+            print(
+                "learning rates from the calibration grid: " + ", ".join(f"{m} {v:g}" for m, v in lrs.items())
+            )
+    else:
+        df = run_sweep(a.sweep, a.profile, out, a.data_dir, a.launcher)
     counts = df["status"].value_counts().to_dict()
     print(f"{a.sweep}: {counts}; registry {Path(out) / 'registry.csv'}")

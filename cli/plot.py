@@ -12,6 +12,7 @@ FIGURES = {
     "minibatch": "TTT mini-batch size (Fig 8); INPUT: a minibatch sweep folder (with timing.csv)",
     "inner-loss": "TTT inner losses per layer (Figs 5/17); INPUT: an inner_loss.csv",
     "latency": "latency per token vs context (Figs 3/15); INPUT: CSVs of `ttt-bench bench`",
+    "recall": "MQAR answer accuracy vs pairs per width, and vs state size; INPUT: a recall sweep folder",
 }
 
 
@@ -62,6 +63,8 @@ def run(args: list[str]) -> None:
             paths = figures.minibatch(
                 read_registry(src), pd.read_csv(timing) if timing.is_file() else None, stem, floors=floors
             )
+        elif a.figure == "recall":
+            paths = figures.recall(read_registry(src), stem)
         elif a.figure == "inner-loss":
             paths = figures.inner_loss(pd.read_csv(src), stem)
         else:

@@ -148,3 +148,33 @@ def test_statistics():
     assert difference([1.0], [2.0]).sign() is None
     rho, lo, hi = spearman(range(10), np.arange(10) ** 2)
     assert rho == pytest.approx(1.0) and lo > 0.9
+
+
+def recall(acc: dict, seeds: int = 3, spread: float = 0.01) -> pd.DataFrame:
+    """A recall registry: acc[(method, pairs)] = mean answer accuracy at widths 32 and 64."""
+    rng = np.random.default_rng(0)
+    rows = [
+        {"run": f"{m}-d{w}-n{n}-s{s}", "config": f"{m}-d{w}-n{n}", "seed": s, "method": m, "label": m,
+         "width": w, "pairs": n, "status": "finished", "val_ppl": 2.0,
+         "val_accuracy": min(1.0, a + spread * rng.standard_normal())}
+        for (m, n), a in acc.items() for w in (32, 64) for s in range(seeds)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_recall_claims_need_the_calibration_and_compare_accuracy_at_the_most_pairs():
+    good = {("transformer", 4): 1.2, ("transformer", 16): 0.9,
+            ("ttt_linear", 4): 0.9, ("ttt_linear", 16): 0.6,
+            ("mamba", 4): 0.8, ("mamba", 16): 0.3, ("ttt_mlp", 4): 0.9, ("ttt_mlp", 16): 0.6}
+    r = Results(recall=recall(good))
+    assert verdict("recall.calibration", r).status == HOLDS
+    assert verdict("recall.ttt_linear_mamba", r).status == HOLDS
+    assert verdict("recall.ttt_mlp_linear", r).status == INCONCLUSIVE  # 0.6 vs 0.6 within the spread
+    assert verdict("recall.ttt_linear_attention", r).status == MISSING
+    worse = recall(good | {("mamba", 16): 0.8})
+    assert verdict("recall.ttt_linear_mamba", Results(recall=worse)).status == FAILS
+    uncalibrated = recall(good | {("transformer", 4): 0.5})
+    v = verdict("recall.ttt_linear_mamba", Results(recall=uncalibrated))
+    assert v.status == INCONCLUSIVE and "calibration does not hold" in v.sentence
+    assert verdict("recall.calibration", Results(recall=uncalibrated)).status == FAILS
+    assert verdict("recall.calibration", Results()).status == MISSING

@@ -150,6 +150,8 @@ def test_reproduce_smoke(tmp_path, monkeypatch):
         "minibatch/minibatch.png",
         "scaling/scaling.pdf",
         "scaling/token_index.csv",
+        "recall/recall.md",
+        "recall/recall.png",
         "REPORT.md",
         "claims.csv",
     ):
@@ -158,6 +160,7 @@ def test_reproduce_smoke(tmp_path, monkeypatch):
     assert (
         "## Table 1" in report and "Figure 8" in report and "Wall time" in report and "bigram floor" in report
     )
+    assert "Recall (MQAR)" in report and "| Transformer | 32 |" in (out / "recall" / "recall.md").read_text()
     assert (pd.read_csv(out / "table1" / "registry.csv")["status"] == "finished").all()
     claims = pd.read_csv(out / "claims.csv")
     seeded = claims[claims["id"].str.startswith(("table1", "scaling"))]
@@ -276,3 +279,22 @@ def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_pa
     assert a["restored_from"] == str(committed) and a["val_ppl"] == pytest.approx(first.loc[0, "val_ppl"])
     assert not (tmp_path / "session2" / "a" / "checkpoints").exists()  # not trained again
     assert (tmp_path / "session2" / "b" / "checkpoints").is_dir() and set(reg["status"]) == {"finished"}
+
+
+def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and_state_sizes():
+    p = sweeps.load_sweep("recall")["profiles"]["cpu"]
+    methods = list(sweeps.load_sweep("recall")["methods"])
+    calibration = sweeps.plan_sweep("recall", "cpu")
+    assert len(calibration) == len(methods) * len(p["lrs"])  # one seed, the calibration point only
+    assert {r["seed"] for r in calibration.values()} == {0}
+    assert {(r["width"], r["pairs"]) for r in calibration.values()} == {tuple(p["calibration"].values())}
+    fake = pd.DataFrame([{**r, "status": "finished", "val_accuracy": 0.5 + (r["lr"] == p["lrs"][-1]) * 0.1,
+                          "val_loss": 1.0} for r in calibration.values()])
+    lrs = sweeps.best_lrs(fake)
+    assert lrs == {m: p["lrs"][-1] for m in methods}
+    grid = sweeps.plan_sweep("recall", "cpu", lrs=lrs | {"mamba": p["lrs"][0]})
+    assert len(grid) == len(methods) * len(p["widths"]) * len(p["pairs"]) * p["seeds"]
+    mamba = [r for r in grid.values() if r["method"] == "mamba"]
+    assert all(f"size.lr={p['lrs'][0]:g}" in r["overrides"] for r in mamba)
+    tf = next(r for r in grid.values() if r["method"] == "transformer" and r["width"] == 64)
+    assert tf["state_floats"] == 2 * 2 * p["seq_len"] * 64  # two layers of a K and V cache

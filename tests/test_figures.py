@@ -320,3 +320,30 @@ def test_plot_cli_reads_floors(tmp_path):
     assert plot.read_floors(sweep) == FLOORS and plot.read_floors(tmp_path) is None
     plot.run(["token-index", str(sweep), "--out", str(tmp_path / "figs")])
     _written([tmp_path / "figs" / "token_index.png", tmp_path / "figs" / "token_index.pdf"])
+
+
+def test_recall_panels_per_width_and_the_state_size_frontier(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [
+        {"run": f"{m}-{w}-{n}-{s}", "status": "finished", "label": label, "width": w, "pairs": n,
+         "seq_len": 64, "state_floats": state * w,
+         "val_accuracy": float(np.clip(1.2 - n / (w * k) + 0.02 * rng.standard_normal(), 0, 1))}
+        for m, label, state, k in (("tf", "Transformer", 512, 1.0), ("mamba", "Mamba", 64, 0.1))
+        for w in (32, 64) for n in (4, 8, 16) for s in range(3)
+    ]
+    reg = pd.DataFrame(rows)
+    fig = figures.recall_figure(reg)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["width 32", "width 64", "accuracy vs state size (darker: more pairs)"]
+    assert all(ax.get_ylabel() == "answer accuracy" for ax in fig.axes)
+    colours = {c.get_label(): c.lines[0].get_color() for c in fig.axes[0].containers}
+    assert colours["Mamba"] == figures.method_style("Mamba")[0]
+    assert "3 seeds" in fig._suptitle.get_text()
+    _legend_outside(fig)
+    plt.close(fig)
+    (tmp_path / "sweep").mkdir()
+    reg.to_csv(tmp_path / "sweep" / "registry.csv", index=False)
+    from ttt_bench.cli import plot
+
+    plot.run(["recall", str(tmp_path / "sweep"), "--out", str(tmp_path / "figs")])
+    _written([tmp_path / "figs" / "recall.png", tmp_path / "figs" / "recall.pdf"])

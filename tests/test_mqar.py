@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from ttt_bench.config import compose
 from ttt_bench.data.mqar import (
     MQARDataModule,
+    MQARSequences,
     generate,
     query_slots,
     slot_probabilities,
@@ -206,3 +207,18 @@ def test_a_small_transformer_learns_mqar(tmp_path, one_thread):
     assert metrics["steps"] == 600 and metrics["tokens_seen"] == 600 * 2048
     assert metrics["val_accuracy"] == pytest.approx(accuracy[0], abs=1e-6)  # evaluate() reads the same mask
     assert metrics["val_tokens"] == 512 * 4  # the answer positions only
+
+
+def test_a_training_mixture_of_pair_counts():
+    """data.train_num_kv_pairs: every chunk holds the numbers of pairs in equal parts, each sequence's mask
+    covers exactly its own answers (query positions padded with -1), and validation keeps num_kv_pairs."""
+    seqs = MQARSequences(*generate(4096, 64, 8, 32, mixture=[2, 8], seed=3))
+    pairs = (seqs.queries >= 0).sum(1)
+    assert seqs.queries.shape == (4096, 8) and set(pairs[:2048]) == {2} and set(pairs[2048:]) == {8}
+    for i in (0, 4095):
+        mask, t = seqs.loss_mask(i), seqs[i]
+        n = int(mask.sum())
+        assert n in (2, 8)
+        keys, values = t[0 : 2 * n : 2].tolist(), t[1 : 2 * n : 2].tolist()
+        for q in mask.nonzero().flatten().tolist():
+            assert t[q + 1].item() == values[keys.index(t[q].item())]

@@ -103,8 +103,8 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
 
 
 def test_the_final_model_is_saved_when_max_steps_is_not_a_multiple_of_the_interval(tmp_path):
-    """8 steps, a checkpoint every 3: step-3, step-6 and step-8 are written, and last.ckpt is step 8, the model
-    metrics.json describes. Re-running from step-3.ckpt rewrites last.ckpt (no last-v1.ckpt)."""
+    """8 steps, a checkpoint every 3: step-3, step-6 and step-8 are written, and last.ckpt is step 8, the
+    model metrics.json describes. Re-running from step-3.ckpt rewrites last.ckpt (no last-v1.ckpt)."""
     train_in_process(f"paths.runs={tmp_path}", "checkpoint_every_n_steps=3")
     folder = run_dir(tmp_path)
     names = sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt"))

@@ -24,14 +24,14 @@ from .bench.common import hardware
 from .bench.models import summary as models_summary
 from .experiments import figures
 from .experiments.claims import Results, judge_all
-from .experiments.measure import inner_losses, summary_table, table1, time_w_and_z
-from .experiments.sweeps import Progress, load_sweep, plan_sweep, run_sweep
+from .experiments.measure import inner_losses, recall_table, summary_table, table1, time_w_and_z
+from .experiments.sweeps import Progress, calibrates, load_sweep, plan_sweep, run_recall, run_sweep
 from .io import write_atomic, write_json
 
 log = logging.getLogger("ttt_bench.reproduce")
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4
 LLAMA_VOCAB = 32000  # the paper's tokenizer (data.tokenizer.name of the paper profile)
-STEPS = ("table1", "minibatch", "scaling", "latency")
+STEPS = ("table1", "minibatch", "scaling", "latency", "recall")
 
 
 def paper_plan(data_dir: str | None) -> pd.DataFrame:
@@ -214,7 +214,38 @@ def step_latency(ctx: dict) -> None:
     step.done()
 
 
+def sweep_folders(step: str, profile: str) -> list[tuple[str, dict]]:
+    """(run folder, planner options) of a step's sweeps: recall calibrates its learning rates first."""
+    if step == "recall" and calibrates(profile):
+        return [("recall/calibration", {}), ("recall", {"lrs": {}})]
+    return [(step, {})]
+
+
+def step_recall(ctx: dict) -> None:
+    """MQAR: each method's learning rate from the calibration grid (where the profile has several), then
+    the grid of widths x pairs x seeds at those rates."""
+    step = Step(ctx["out"], "recall", f"ttt-bench ablate recall{ctx['flags']}")
+    reg, cal, lrs = run_recall(
+        ctx["profile"],
+        ctx["runs"] / "recall",
+        ctx["data_dir"],
+        pipeline=ctx["progress"],
+        committed=step.dir,
+        train=ctx["train"],
+    )
+    if cal is not None:
+        step.csv("calibration.csv", cal)
+    step.csv("registry.csv", reg)
+    try:
+        figures.recall(reg, step.dir / "recall")
+    except ValueError as e:
+        log.warning("figure recall not drawn: %s", e)
+    write_atomic(step.dir / "recall.md", recall_table(reg, lrs))
+    step.done(reg, lrs=lrs)
+
+
 RUNNERS = {
+    "recall": step_recall,
     "table1": step_table1,
     "minibatch": step_minibatch,
     "scaling": step_scaling,
@@ -249,6 +280,16 @@ SECTIONS = {  # step -> (title, what the paper found, figures and tables of the 
         ["scaling.md", "scaling.png", "context.png", "token_index.png"],
         ["Figures 11-14, 18"],
     ),
+    "recall": (
+        "Does the expressive hidden state help at long range? Recall (MQAR)",
+        "The paper's thesis (Sections 1-2, Figures 2 right and 14): a hidden state that is itself a model, "
+        "trained at test time, compresses long context better than a fixed-size vector or matrix state, so "
+        "TTT layers keep using context where Mamba plateaus, and TTT-MLP is more expressive than "
+        "TTT-Linear. The paper has no recall benchmark; multi-query associative recall (Zoology, Arora et "
+        "al. 2023) tests how many key-value associations a state holds, against its size.",
+        ["recall.md", "recall.png"],
+        ["Recall (MQAR)"],
+    ),
     "latency": (
         "Figures 3/15: latency",
         "Forward latency per token grows with context for the Transformer and stays flat for TTT-Linear "
@@ -277,6 +318,7 @@ def read_results(out: Path) -> Results:
         inner_loss=csv("minibatch", "inner_loss.csv"),
         token_index=csv("scaling", "token_index.csv"),
         latency=csv("latency", "latency.csv"),
+        recall=csv("recall", "registry.csv"),
         floors=pd.concat(floors, ignore_index=True).drop_duplicates(["role", "seq_len", "floor"])
         if floors
         else None,
@@ -427,8 +469,8 @@ def main(argv: list[str] | None = None) -> None:
         runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
         progress = Progress()
         for s in steps:
-            if s != "latency":
-                progress.plan(plan_sweep(s, a.profile, a.data_dir), (runs / s).resolve())
+            for folder, options in sweep_folders(s, a.profile) if s != "latency" else []:
+                progress.plan(plan_sweep(s, a.profile, a.data_dir, **options), (runs / folder).resolve())
         ctx = {
             "profile": a.profile,
             "data_dir": a.data_dir,

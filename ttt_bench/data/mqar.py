@@ -116,19 +116,26 @@ def generate_chunk(rng: np.random.Generator, n: int, vocab_size: int, num_kv_pai
 
 
 def generate(n: int, vocab_size: int, num_kv_pairs: int, seq_len: int, power_a: float = 0.01,
-             random_non_queries: bool = True, seed: int = 0, split: str = "train"):
-    """The first n sequences of a split: (tokens [n, seq_len + 1], query positions [n, N])."""
-    check_options(vocab_size, num_kv_pairs, seq_len, power_a)
+             random_non_queries: bool = True, seed: int = 0, split: str = "train",
+             mixture: list[int] | None = None):
+    """The first n sequences of a split: (tokens [n, seq_len + 1], query positions [n, N]). `mixture`:
+    numbers of pairs that share every chunk in equal parts instead of `num_kv_pairs` (Zoology trains on such
+    a mix of easy and hard sequences); the query positions are then padded with -1 to the largest."""
+    counts = list(mixture) if mixture else [num_kv_pairs]
+    for N in counts:
+        check_options(vocab_size, N, seq_len, power_a)
     if split not in SPLITS:
         raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
+    width = max(counts)
     tokens, queries = [], []
     for c in range(-(-n // CHUNK)):
         rng = np.random.default_rng([seed, SPLITS[split], c])
-        t, q = generate_chunk(rng, CHUNK, vocab_size, num_kv_pairs, seq_len, power_a, random_non_queries)
-        tokens.append(t)
-        queries.append(q)
+        for N, part in zip(counts, np.array_split(np.arange(CHUNK), len(counts)), strict=True):
+            t, q = generate_chunk(rng, len(part), vocab_size, N, seq_len, power_a, random_non_queries)
+            tokens.append(t)
+            queries.append(np.pad(q, ((0, 0), (0, width - N)), constant_values=-1))
     if not tokens:
-        return np.zeros((0, seq_len + 1), np.uint16), np.zeros((0, num_kv_pairs), np.int32)
+        return np.zeros((0, seq_len + 1), np.uint16), np.zeros((0, width), np.int32)
     return np.concatenate(tokens)[:n], np.concatenate(queries)[:n]
 
 
@@ -151,7 +158,8 @@ class MQARSequences(Dataset):
 
     def loss_mask(self, i: int) -> torch.Tensor:
         mask = torch.zeros(self.seq_len, dtype=torch.bool)
-        mask[torch.from_numpy(self.queries[i % self.n].astype(np.int64))] = True
+        q = self.queries[i % self.n]
+        mask[torch.from_numpy(q[q >= 0].astype(np.int64))] = True  # -1: padding (fewer pairs than others)
         return mask
 
     def with_loss_mask(self) -> "MaskedSequences":
@@ -205,6 +213,7 @@ class MQARDataModule(L.LightningDataModule):
         seq_len: int = 256,
         power_a: float = 0.01,
         random_non_queries: bool = True,
+        train_num_kv_pairs: list[int] | None = None,
         train_examples: int = 100_000,
         val_examples: int = 3_000,
         micro_batch_size: int = 64,
@@ -225,6 +234,9 @@ class MQARDataModule(L.LightningDataModule):
                             f"with data.vocab_size={vocab_size}")
         self.vocab, self.num_kv_pairs, self.seq_len = MQARVocab(vocab_size), num_kv_pairs, seq_len
         self.power_a, self.random_non_queries = float(power_a), bool(random_non_queries)
+        self.mixture = [int(n) for n in train_num_kv_pairs] if train_num_kv_pairs else None
+        for n in self.mixture or []:
+            check_options(vocab_size, n, seq_len, power_a)
         self.examples = {"train": train_examples, "validation": val_examples}
         self.micro_batch_size, self.val_tokens = micro_batch_size, val_tokens
         self.seed, self.name = seed, name
@@ -246,7 +258,11 @@ class MQARDataModule(L.LightningDataModule):
         return {"format": FORMAT_VERSION, "chunk": CHUNK, "vocab_size": self.vocab_size,
                 "num_kv_pairs": self.num_kv_pairs, "seq_len": self.seq_len, "power_a": self.power_a,
                 "random_non_queries": self.random_non_queries, "seed": self.seed, "split": split,
-                "n": self.examples[split]}
+                "n": self.examples[split], **self.split_mixture(split)}
+
+    def split_mixture(self, split: str) -> dict:
+        """The training split's mixture of numbers of pairs, where one is set (validation: num_kv_pairs)."""
+        return {"mixture": self.mixture} if split == "train" and self.mixture else {}
 
     def cache_paths(self, split: str) -> tuple[Path, Path] | None:
         if self.cache_dir is None:
@@ -264,7 +280,7 @@ class MQARDataModule(L.LightningDataModule):
                 log.warning("MQAR cache %s unreadable (%s); generating it again", paths[0], e)
         o = self.options(split)
         tokens, queries = generate(o["n"], self.vocab_size, self.num_kv_pairs, self.seq_len, self.power_a,
-                                   self.random_non_queries, self.seed, split)
+                                   self.random_non_queries, self.seed, split, o.get("mixture"))
         if paths is not None:
             for path, array in zip(paths, (tokens, queries)):
                 with atomic_file(path) as f:
@@ -277,7 +293,7 @@ class MQARDataModule(L.LightningDataModule):
                 self.data[split] = self.load_split(split)
                 n = len(self.data[split][0])
                 self.meta[split] = {"n_sequences": n, "n_tokens": n * (self.seq_len + 1),
-                                    "n_answers": n * self.num_kv_pairs}
+                                    "n_answers": int((self.data[split][1] >= 0).sum())}
 
     def setup(self, stage: str | None = None) -> None:
         self.prepare_data()

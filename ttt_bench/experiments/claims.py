@@ -31,6 +31,7 @@ class Results:
     token_index: pd.DataFrame | None = None  # run, token_index, loss
     latency: pd.DataFrame | None = None  # `ttt-bench bench models`: model, phase, context, latency
     floors: pd.DataFrame | None = None  # role, seq_len, floor, val_ppl
+    recall: pd.DataFrame | None = None  # MQAR: method, width, pairs, seed, val_accuracy
 
 
 @dataclass
@@ -417,6 +418,65 @@ def prefill_faster_from_8k(r: Results) -> Verdict:
     return Verdict(status, sentence, {"ratio": ratio.to_dict()})
 
 
+# ---- recall (MQAR) ----
+
+CALIBRATED = 0.99  # the Transformer's accuracy at the easiest setting that says the recipe works
+
+
+def recall_calibration(r: Results) -> Verdict:
+    """The Transformer recalls (near) perfectly at the easiest setting (fewest pairs, largest width): if it
+    does not, the training recipe is wrong, and the recall comparisons say nothing about the models."""
+    df = finished(r.recall)
+    tf = df[df.get("method", pd.Series(dtype=str)) == "transformer"] if not df.empty else df
+    if tf.empty:
+        return Verdict(MISSING, "no finished Transformer recall runs")
+    easy = tf[(tf["pairs"] == tf["pairs"].min())]
+    easy = easy[easy["width"] == easy["width"].max()]
+    acc = pd.to_numeric(easy["val_accuracy"])
+    ok = bool((acc >= CALIBRATED).all())
+    sentence = (
+        f"Transformer at {int(easy['pairs'].iloc[0])} pairs, width {int(easy['width'].iloc[0])}: "
+        f"answer accuracy {mean_sd(acc)} ({'all' if ok else 'not all'} seeds >= {CALIBRATED})"
+    )
+    return Verdict(HOLDS if ok else FAILS, sentence, {"accuracy": acc.tolist()})
+
+
+def recall_beats(a: str, b: str) -> Callable[[Results], Verdict]:
+    """Method a recalls more than method b at the largest number of pairs, at every width (accuracy over
+    seeds); inconclusive while the calibration does not hold."""
+
+    def judge(r: Results) -> Verdict:
+        df = finished(r.recall)
+        if df.empty or "method" not in df:
+            return Verdict(MISSING, "no finished recall runs")
+        df["val_accuracy"] = pd.to_numeric(df["val_accuracy"], errors="coerce")
+        hard = df[df["pairs"] == df["pairs"].max()]
+        label = lambda m: str(df.loc[df["method"] == m, "label"].iloc[0]) if (df["method"] == m).any() else m
+        widths = sorted(hard["width"].unique())
+        verdicts = [
+            compare(
+                hard[(hard["method"] == a) & (hard["width"] == w)],
+                hard[(hard["method"] == b) & (hard["width"] == w)],
+                (label(a), label(b)),
+                ">",
+                None,
+                value="val_accuracy",
+            )
+            for w in widths
+        ]
+        v = combine(verdicts, [f"{int(hard['pairs'].iloc[0])} pairs, width {int(w)}" for w in widths])
+        calibration = recall_calibration(r)
+        if v.status != MISSING and calibration.status != HOLDS:
+            v = Verdict(
+                INCONCLUSIVE,
+                f"the calibration does not hold ({calibration.sentence}); {v.sentence}",
+                v.numbers,
+            )
+        return v
+
+    return judge
+
+
 CLAIMS = [
     Claim(
         "table1.improved",
@@ -528,6 +588,31 @@ CLAIMS = [
         "Figures 3/15",
         "TTT-Linear's prefill is faster per token than the Transformer's from 8k context.",
         prefill_faster_from_8k,
+    ),
+    Claim(
+        "recall.calibration",
+        "Recall (MQAR)",
+        "Calibration (not a claim of the paper): the Transformer recalls near-perfectly at the easiest "
+        "setting.",
+        recall_calibration,
+    ),
+    Claim(
+        "recall.ttt_linear_mamba",
+        "Recall (MQAR)",
+        "A hidden state that is a model trained at test time (TTT-Linear) recalls more than Mamba's.",
+        recall_beats("ttt_linear", "mamba"),
+    ),
+    Claim(
+        "recall.ttt_mlp_linear",
+        "Recall (MQAR)",
+        "TTT-MLP's more expressive hidden state recalls more than TTT-Linear's.",
+        recall_beats("ttt_mlp", "ttt_linear"),
+    ),
+    Claim(
+        "recall.ttt_linear_attention",
+        "Recall (MQAR)",
+        "TTT-Linear recalls more than linear attention (the same state size, Theorem 1's starting point).",
+        recall_beats("ttt_linear", "linear_attention_improved"),
     ),
 ]
 

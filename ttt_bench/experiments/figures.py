@@ -749,3 +749,74 @@ def latency_figure(bench: pd.DataFrame):
 
 def latency(bench: pd.DataFrame, stem: Path) -> list[Path]:
     return save(latency_figure(bench), stem)
+
+
+# ---- recall (MQAR) ----
+
+
+def recall_accuracy(reg: pd.DataFrame) -> pd.DataFrame:
+    """One row per (method, width, pairs): the answer accuracy's mean and std over seeds, the state size."""
+    df = reg[reg["status"] == "finished"].copy()
+    if df.empty:
+        raise ValueError("no finished runs in the recall registry")
+    for col in ("val_accuracy", "width", "pairs", "state_floats"):
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    g = df.groupby(["label", "width", "pairs"], sort=False)
+    out = g.agg(
+        accuracy=("val_accuracy", "mean"),
+        state_floats=("state_floats", "first"),
+        seq_len=("seq_len", "first"),
+        n_seeds=("val_accuracy", "size"),
+    )
+    out["accuracy_std"] = g["val_accuracy"].std(ddof=1).fillna(0.0)
+    return out.reset_index()
+
+
+def recall_figure(reg: pd.DataFrame):
+    """Left panels: answer accuracy vs number of key-value pairs, one panel per width. Right: accuracy vs
+    the recurrent state's size in floats (Zoology's frontier), one point per (width, pairs), a line per
+    method and number of pairs."""
+    agg = recall_accuracy(reg)
+    widths = sorted(agg["width"].unique())
+    fig, axes = plt.subplots(1, len(widths) + 1, figsize=(4.2 * (len(widths) + 1), 4.2), layout="constrained")
+    for ax, width in zip(axes, widths, strict=False):
+        for label, g in agg[agg["width"] == width].groupby("label", sort=False):
+            g = g.sort_values("pairs")
+            _errorbar(ax, g["pairs"], g["accuracy"], g["accuracy_std"], label)
+        ax.set(
+            xscale="log",
+            xlabel="key-value pairs",
+            ylabel="answer accuracy",
+            ylim=(-0.02, 1.02),
+            title=f"width {width}",
+        )
+        finish_log_axis(ax, "x", ticks=sorted(agg["pairs"].unique()))
+    frontier = axes[-1]
+    for (label, pairs), g in agg.groupby(["label", "pairs"], sort=False):
+        g = g.sort_values("state_floats")
+        colour, marker = method_style(label)
+        frontier.plot(
+            g["state_floats"],
+            g["accuracy"],
+            color=colour,
+            marker=marker,
+            lw=1,
+            alpha=0.35 + 0.65 * (pairs / agg["pairs"].max()),
+            label=label,
+        )
+    frontier.set(
+        xscale="log",
+        xlabel="recurrent state per sequence (floats, all layers)",
+        ylabel="answer accuracy",
+        ylim=(-0.02, 1.02),
+        title="accuracy vs state size (darker: more pairs)",
+    )
+    finish_log_axis(frontier, "x", formatter=_sci)
+    T = int(agg["seq_len"].iloc[0])
+    fig.suptitle(f"MQAR recall, {T} tokens per sequence ({seeds_note(agg['n_seeds'])})")
+    _legend_below(fig, _handles(axes[0]) + _handles(frontier))
+    return fig
+
+
+def recall(reg: pd.DataFrame, stem: Path) -> list[Path]:
+    return save(recall_figure(reg), stem)

@@ -150,3 +150,48 @@ def inner_losses(ckpt_path: str, max_sequences: int = 16, batch_size: int = 4) -
     dm = instantiate(data_cfg)
     dm.prepare_data()
     return measure_inner_losses(module.model, dm.val_dataset(), max_sequences, batch_size)
+
+
+def recall_table(registry: pd.DataFrame, lrs: dict | None = None) -> str:
+    """MQAR as Markdown: a row per method and width, a column per number of pairs with the answer accuracy
+    (mean +- std over seeds), the recurrent state in floats and the learning rate used."""
+    df = registry[registry["status"] == "finished"].copy()
+    if df.empty:
+        return "No finished recall runs yet.\n"
+    df["val_accuracy"] = pd.to_numeric(df["val_accuracy"], errors="coerce")
+    pairs = sorted(df["pairs"].unique())
+    lines = [
+        "| Method | width | state (floats) | lr | " + " | ".join(f"{n} pairs" for n in pairs) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(pairs),
+    ]
+    for (label, width), g in df.groupby(["label", "width"], sort=False):
+        cells = []
+        for n in pairs:
+            acc = g.loc[g["pairs"] == n, "val_accuracy"]
+            cells.append(
+                "-"
+                if acc.empty
+                else (
+                    f"{acc.mean():.3f}"
+                    if len(acc) < 2
+                    else f"{acc.mean():.3f} +- {acc.std():.3f} ({len(acc)})"
+                )
+            )
+        state = g.loc[g["pairs"] == pairs[-1], "state_floats"]
+        lines.append(
+            f"| {label} | {int(width)} | {int(state.iloc[0]) if len(state) else '-'} | "
+            f"{g['lr'].iloc[0]:g} | " + " | ".join(cells) + " |"
+        )
+    T = int(df["seq_len"].iloc[0])
+    lines.append(
+        f"\nAnswer accuracy on the validation split (mean +- std (seeds)); {T} tokens per sequence. "
+        "Chance: 1 / (number of value tokens); a model that knows which tokens are values but "
+        "not which one: 1 / pairs."
+    )
+    if lrs:
+        lines.append(
+            "Learning rates chosen on the calibration grid (highest accuracy, then lowest loss): "
+            + ", ".join(f"{m} {v:g}" for m, v in lrs.items())
+            + "."
+        )
+    return "\n".join(lines) + "\n"

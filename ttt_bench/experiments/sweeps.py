@@ -30,7 +30,7 @@ from ..flops import match_flops
 from ..io import write_atomic, write_json
 
 log = logging.getLogger(__name__)
-SWEEPS = ("table1", "minibatch", "scaling")
+SWEEPS = ("table1", "minibatch", "scaling", "recall")
 PROFILES = ("smoke", "quick", "cpu", "paper")
 
 
@@ -233,21 +233,89 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
     return runs
 
 
-PLANNERS = {"table1": plan_table1, "minibatch": plan_minibatch, "scaling": plan_scaling}
+def plan_recall(sweep: dict, profile: str, data_dir: str | None, lrs: dict | None = None) -> dict:
+    """MQAR: methods x widths x numbers of pairs at each method's learning rate `lrs[method]`; without
+    `lrs` (and with more than one lr in the profile), the calibration grid: every lr of the profile for
+    every method at its calibration width and number of pairs, one seed."""
+    from ..models.state_size import state_floats
+
+    p, methods = sweep["profiles"][profile], sweep["methods"]
+    tokens = p["steps"] * _value(sweep["recipe"] + p["overrides"], "recipe.tokens_per_batch")
+    base = [
+        f"data={sweep['data']}",
+        *sweep["recipe"],
+        *p["overrides"],
+        f"data.seq_len={p['seq_len']}",
+        f"recipe.total_tokens={tokens}",
+    ]
+    grid = [(w, n) for w in p["widths"] for n in p["pairs"]]
+    calibrating = lrs is None and len(p["lrs"]) > 1
+    if calibrating:
+        cal = p["calibration"]
+        grid = [(cal["width"], cal["pairs"])]
+    runs = {}
+    for key in p.get("methods", methods):
+        for width, pairs in grid:
+            for lr in p["lrs"] if calibrating else [(lrs or {}).get(key, p["lrs"][0])]:
+                overrides = [
+                    *base,
+                    *methods[key]["overrides"],
+                    f"size.d_model={width}",
+                    f"size.mlp_hidden={2 * width}",
+                    f"data.num_kv_pairs={pairs}",
+                    f"size.lr={lr:g}",
+                ]
+                model, seq_len = _model_cfg(overrides)
+                name = f"{key}-d{width}-n{pairs}" + (f"-lr{lr:g}" if calibrating else "")
+                runs[name] = _run(
+                    overrides,
+                    label=methods[key]["label"],
+                    method=key,
+                    width=width,
+                    pairs=pairs,
+                    lr=lr,
+                    state_floats=state_floats(model, seq_len)["total"],
+                    role="mqar",
+                )
+                if calibrating:
+                    runs[name]["seeds"] = 1
+    return runs
+
+
+def _value(overrides: list[str], key: str) -> int:
+    """The last value given to `key` in a list of overrides, as an integer."""
+    return int([o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")][-1])
+
+
+def best_lrs(calibration: pd.DataFrame) -> dict:
+    """Each method's learning rate from a calibration registry: the highest answer accuracy, ties broken by
+    the lower answer loss (Zoology keeps the best lr per model)."""
+    df = calibration[calibration["status"] == "finished"].copy()
+    df = df.sort_values(["val_accuracy", "val_loss"], ascending=[False, True])
+    return {m: float(g["lr"].iloc[0]) for m, g in df.groupby("method", sort=False)}
+
+
+PLANNERS = {
+    "table1": plan_table1,
+    "minibatch": plan_minibatch,
+    "scaling": plan_scaling,
+    "recall": plan_recall,
+}
 
 
 def seeds_of(sweep: dict, profile: str) -> int:
     return int(sweep["profiles"][profile].get("seeds", 1))
 
 
-def plan_sweep(name: str, profile: str, data_dir: str | None = None) -> dict:
-    """Every run of a sweep: each configuration of the planner once per seed (`<config>-s<seed>`)."""
+def plan_sweep(name: str, profile: str, data_dir: str | None = None, **options) -> dict:
+    """Every run of a sweep: each configuration of the planner once per seed (`<config>-s<seed>`).
+    `options` go to the planner (the recall sweep's chosen learning rates)."""
     if profile not in PROFILES:
         raise UserError(f"unknown profile '{profile}'; use one of {', '.join(PROFILES)}")
     sweep = load_sweep(name)
     role = sweep.get("data")
     runs = {}
-    configs = PLANNERS[name](sweep, profile, data_dir)
+    configs = PLANNERS[name](sweep, profile, data_dir, **options)
     # seed-major: an interrupted sweep has every configuration at its first seeds
     for seed, (config, spec) in ((s, c) for s in range(seeds_of(sweep, profile)) for c in configs.items()):
         if seed >= spec.get("seeds", seed + 1):
@@ -407,14 +475,15 @@ def run_sweep(
     pipeline: Progress | None = None,
     committed: Path | None = None,
     train: bool = True,
+    options: dict | None = None,
 ) -> pd.DataFrame:
     """Plan, run (skipping finished runs) and tabulate a sweep, with its n-gram floors; returns the
     registry. `pipeline`: the progress of a whole pipeline this sweep is part of (else its own);
     `committed`: a registry of earlier sessions whose finished runs count as done (see `restore`);
-    `train=False` tabulates the runs finished so far and trains nothing."""
+    `train=False` tabulates the runs finished so far and trains nothing; `options` go to the planner."""
     global progress
     out = Path(out).resolve()
-    runs = plan_sweep(name, profile, data_dir)
+    runs = plan_sweep(name, profile, data_dir, **(options or {}))
     if committed is not None:
         restore(out, runs, committed)
     if pipeline is None:
@@ -445,6 +514,69 @@ def run_sweep(
     return write_registry(out)
 
 
+# Training FLOP/s of the small CPU models on the 2-core reference machine (a Transformer at size=xs: ~30
+# GFLOP/s by flops.py's count, `ttt-bench bench models`): what `ablate --plan` divides by.
+CPU_TRAIN_FLOPS = 30e9
+
+
+def estimate(spec: dict) -> dict:
+    """A planned run's tokens, training FLOPs (flops.py) and minutes at CPU_TRAIN_FLOPS."""
+    from omegaconf import OmegaConf
+
+    from ..config import compose
+    from ..flops import flops_per_token
+
+    cfg = compose("train", spec["overrides"])
+    tokenizer = cfg.data.get("tokenizer") or {}
+    vocab = cfg.data.get("vocab_size") or tokenizer.get("vocab_size") or 257  # byte-level by default
+    tokens = float(cfg.recipe.total_tokens)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    flops = flops_per_token(model, int(cfg.data.seq_len), int(vocab))["train"] * tokens
+    return {"tokens": tokens, "train_flops": flops, "minutes": flops / CPU_TRAIN_FLOPS / 60}
+
+
+def calibrates(profile: str) -> bool:
+    """Whether the recall sweep picks learning rates on a calibration grid in this profile."""
+    return len(load_sweep("recall")["profiles"][profile]["lrs"]) > 1
+
+
+def run_recall(
+    profile: str,
+    out: Path,
+    data_dir: str | None = None,
+    launcher: list[str] = (),
+    pipeline: Progress | None = None,
+    committed: Path | None = None,
+    train: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame | None, dict]:
+    """The recall sweep's two stages: the calibration grid in <out>/calibration, each method's best learning
+    rate from it (`best_lrs`), then the whole grid at those rates in <out>. `committed`: a folder with an
+    earlier session's registry.csv and calibration.csv. Returns (registry, calibration registry, lrs)."""
+    out = Path(out)
+    kw = {"launcher": launcher, "pipeline": pipeline, "train": train}
+    cal, lrs = None, {}
+    if calibrates(profile):
+        cal = run_sweep(
+            "recall",
+            profile,
+            out / "calibration",
+            data_dir,
+            committed=committed and Path(committed) / "calibration.csv",
+            **kw,
+        )
+        lrs = best_lrs(cal)
+    reg = run_sweep(
+        "recall",
+        profile,
+        out,
+        data_dir,
+        committed=committed and Path(committed) / "registry.csv",
+        options={"lrs": lrs},
+        **kw,
+    )
+    return reg, cal, lrs
+
+
 FLOOR_ORDERS = (1, 2, 3, 4, 5)  # every table lists them all
 DRAWN_FLOORS = ("unigram", "bigram", "5-gram (Witten-Bell)")  # the figures draw these
 
@@ -462,6 +594,8 @@ def write_floors(out: Path, runs: dict) -> pd.DataFrame:
         except Exception:  # noqa: BLE001  (recorded as a failed run by check_configs)
             continue
         role = spec.get("role", cfg.data.name)
+        if cfg.data.name == "mqar":  # synthetic recall: no text to model, chance is in the recall table
+            continue
         key = (role, int(cfg.data.seq_len), cfg.data.val_tokens)
         if key in seen:
             continue
