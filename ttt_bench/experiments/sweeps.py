@@ -261,7 +261,7 @@ def plan_recall(sweep: dict, profile: str, data_dir: str | None, lrs: dict | Non
                     *base,
                     *methods[key]["overrides"],
                     f"size.d_model={width}",
-                    f"size.mlp_hidden={2 * width}",
+                    f"size.mlp_hidden={width}",
                     f"data.num_kv_pairs={pairs}",
                     f"size.lr={lr:g}",
                 ]
