@@ -178,3 +178,21 @@ def test_recall_claims_need_the_calibration_and_compare_accuracy_at_the_most_pai
     assert v.status == INCONCLUSIVE and "calibration does not hold" in v.sentence
     assert verdict("recall.calibration", Results(recall=uncalibrated)).status == FAILS
     assert verdict("recall.calibration", Results()).status == MISSING
+
+
+def test_far_fact_claims_compare_the_loss_on_facts_far_back_inside_the_window():
+    rng = np.random.default_rng(1)
+    rows = []
+    for method, far_loss in (("ttt_linear_m", 1.0), ("mamba", 2.0), ("ttt_mlp_m", 2.0)):
+        for seed in range(3):
+            for distance, in_context, loss in (("0-256", True, 0.5), ("1024-2048", True, far_loss),
+                                               ("1024-2048", False, 2.3), ("4096-8192", True, far_loss)):
+                rows.append({"method": method, "label": method, "seed": seed, "kind": "restated",
+                             "distance": distance, "in_context": in_context, "n": 8,
+                             "loss": loss + 0.01 * rng.standard_normal()})
+    r = Results(fact_recall=pd.DataFrame(rows))
+    v = verdict("longrange.ttt_linear", r)
+    assert v.status == HOLDS and "1024 bytes back" in v.sentence
+    assert verdict("longrange.ttt_mlp", r).status == INCONCLUSIVE  # 2.0 vs 2.0
+    assert claims.far_fact_loss(pd.DataFrame(rows))["loss"].between(0.9, 2.1).all()  # near ones left out
+    assert verdict("longrange.ttt_linear", Results()).status == MISSING

@@ -152,6 +152,9 @@ def test_reproduce_smoke(tmp_path, monkeypatch):
         "scaling/token_index.csv",
         "recall/recall.md",
         "recall/recall.png",
+        "longrange/fact_recall.csv",
+        "longrange/fact_recall.md",
+        "longrange/fact_recall.png",
         "REPORT.md",
         "claims.csv",
     ):

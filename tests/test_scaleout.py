@@ -35,7 +35,7 @@ def test_trainer_slurm_resolves_world_size_ranks_and_master_address(monkeypatch)
     env = trainer.strategy.cluster_environment
     assert isinstance(env, SLURMEnvironment)
     assert (trainer.world_size, trainer.global_rank, trainer.local_rank, trainer.node_rank) == (4, 3, 1, 1)
-    assert env.main_address == "node01" and 10000 <= env.main_port <= 19999  # the port derives from the job id
+    assert env.main_address == "node01" and 10000 <= env.main_port <= 19999  # the port: from the job id
 
 
 @pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,

@@ -477,6 +477,37 @@ def recall_beats(a: str, b: str) -> Callable[[Results], Verdict]:
     return judge
 
 
+# ---- long range (synthetic facts) ----
+
+FAR = 1024  # bytes back to the first mention from which a fact counts as far
+
+
+def far_fact_loss(df: pd.DataFrame | None) -> pd.DataFrame:
+    """Per run: the loss on restated digits whose first mention is >= FAR bytes back and inside the window
+    (weighted by count), with the run's method, label and seed."""
+    from .longrange import bin_order
+
+    if df is None or df.empty:
+        return pd.DataFrame(columns=["method", "label", "seed", "loss"])
+    far = df[(df["kind"] == "restated") & df["in_context"].astype(bool)]
+    far = far[far["distance"].map(bin_order) >= FAR]
+    total = far.assign(w=far["loss"] * far["n"]).groupby(["method", "label", "seed"])[["w", "n"]].sum()
+    return (total["w"] / total["n"]).rename("loss").reset_index()
+
+
+def recalls_far_facts_better(a: str, b: str) -> Callable[[Results], Verdict]:
+    def judge(r: Results) -> Verdict:
+        df = far_fact_loss(r.fact_recall)
+        if df.empty:
+            return Verdict(MISSING, "no fact-recall measurements")
+        label = lambda m: str(df.loc[df["method"] == m, "label"].iloc[0]) if (df["method"] == m).any() else m
+        v = compare(df[df["method"] == a], df[df["method"] == b], (label(a), label(b)), "<", None,
+                    value="loss")
+        return Verdict(v.status, f"loss on facts >= {FAR} bytes back: {v.sentence}", v.numbers)
+
+    return judge
+
+
 CLAIMS = [
     Claim(
         "table1.improved",
@@ -613,6 +644,18 @@ CLAIMS = [
         "Recall (MQAR)",
         "TTT-Linear recalls more than linear attention (the same state size, Theorem 1's starting point).",
         recall_beats("ttt_linear", "linear_attention_improved"),
+    ),
+    Claim(
+        "longrange.ttt_linear",
+        "Long range (synthetic facts)",
+        "TTT-Linear (M) uses facts far back in its context better than Mamba (lower loss on them).",
+        recalls_far_facts_better("ttt_linear_m", "mamba"),
+    ),
+    Claim(
+        "longrange.ttt_mlp",
+        "Long range (synthetic facts)",
+        "TTT-MLP (M) uses facts far back in its context better than Mamba (lower loss on them).",
+        recalls_far_facts_better("ttt_mlp_m", "mamba"),
     ),
 ]
 

@@ -820,3 +820,43 @@ def recall_figure(reg: pd.DataFrame):
 
 def recall(reg: pd.DataFrame, stem: Path) -> list[Path]:
     return save(recall_figure(reg), stem)
+
+
+# ---- long range (synthetic facts) ----
+
+
+def fact_recall_figure(df: pd.DataFrame):
+    """Loss on the digits of restated facts vs distance to their first mention, a line per method (mean and
+    std over seeds; first mentions inside the window only), with a random digit's ln 10 and the first
+    mentions' own loss as references."""
+    from .longrange import RANDOM_DIGIT, bin_order
+
+    rest = df[(df["kind"] == "restated") & df["in_context"]]
+    if rest.empty:
+        raise ValueError("no restated facts within the models' context")
+    bins = sorted(rest["distance"].unique(), key=bin_order)
+    x = {b: i for i, b in enumerate(bins)}
+    fig, ax = plt.subplots(figsize=(7, 4.4), layout="constrained")
+    per_seed = rest.groupby(["label", "seed", "distance"], sort=False)["loss"].mean().reset_index()
+    for label, g in per_seed.groupby("label", sort=False):
+        s = g.groupby("distance")["loss"].agg(["mean", "std"]).reindex(bins).dropna(subset=["mean"])
+        _errorbar(ax, [x[b] for b in s.index], s["mean"], s["std"].fillna(0.0), label)
+    ax.axhline(RANDOM_DIGIT, color=FLOOR_COLOUR, ls="--", lw=1.1, label="a random digit (ln 10)")
+    first = df[df["kind"] == "first mention"]["loss"].mean()
+    ax.axhline(first, color=FLOOR_COLOUR, ls=":", lw=1.1, label=f"first mentions ({first:.2f}, all models)")
+    T = int(df["seq_len"].max())
+    ax.set(
+        xlabel="bytes back to the fact's first mention",
+        ylabel="loss on the code's digits (nats)",
+        title=f"Recalling facts from far back, synthetic corpus, context {_context(T)} "
+        f"({seeds_note(rest.groupby('label')['seed'].nunique())})",
+    )
+    ax.set_xticks(range(len(bins)), bins)
+    if len(bins) == 1:
+        ax.set_title(ax.get_title() + "\none distance bin: every fact was restated within it")
+    _legend_below(fig, _handles(ax))
+    return fig
+
+
+def fact_recall(df: pd.DataFrame, stem: Path) -> list[Path]:
+    return save(fact_recall_figure(df), stem)

@@ -78,3 +78,27 @@ def fact_recall(
         .agg(loss="mean", n="size")
         .reset_index()
     )
+
+
+def checkpoint_fact_recall(ckpt_path, max_docs: int = 16) -> pd.DataFrame:
+    """`fact_recall` of a checkpoint trained on the synthetic corpus, on that corpus's validation documents
+    at the context it was trained with."""
+    from hydra.utils import instantiate
+
+    from ..errors import UserError
+    from ..training.checkpoint import load_checkpoint
+
+    module, tokenizer = load_checkpoint(ckpt_path)
+    cfg = module.hparams["config"]
+    if cfg["data"].get("name") != "synthetic" or not getattr(tokenizer, "byte_level", False):
+        raise UserError(
+            f"{ckpt_path}: the fact metric needs a byte-level model trained on data=synthetic, "
+            "whose facts are known"
+        )
+    corpus = instantiate(cfg["data"]["corpus"])
+    return fact_recall(module.model, corpus.documents("validation"), int(cfg["data"]["seq_len"]), max_docs)
+
+
+def bin_order(label: str) -> float:
+    """Sort key of a distance bin label ('256-512', '>= 8192')."""
+    return float(label.split("-")[0].lstrip(">= ")) if label else -1.0

@@ -30,7 +30,7 @@ from ..flops import match_flops
 from ..io import write_atomic, write_json
 
 log = logging.getLogger(__name__)
-SWEEPS = ("table1", "minibatch", "scaling", "recall")
+SWEEPS = ("table1", "minibatch", "scaling", "recall", "longrange")
 PROFILES = ("smoke", "quick", "cpu", "paper")
 
 
@@ -282,6 +282,17 @@ def plan_recall(sweep: dict, profile: str, data_dir: str | None, lrs: dict | Non
     return runs
 
 
+def plan_longrange(sweep: dict, profile: str, data_dir: str | None) -> dict:
+    """The main models at one long context on the synthetic corpus (its facts are labelled), whatever
+    `data_dir` says."""
+    p = sweep["profiles"][profile]
+    return {
+        key: _run([f"data={sweep['data']}", *p["overrides"], *m["overrides"]], label=m["label"], method=key,
+                  role=sweep["data"])
+        for key, m in sweep["methods"].items()
+    }
+
+
 def _value(overrides: list[str], key: str) -> int:
     """The last value given to `key` in a list of overrides, as an integer."""
     return int([o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")][-1])
@@ -300,6 +311,7 @@ PLANNERS = {
     "minibatch": plan_minibatch,
     "scaling": plan_scaling,
     "recall": plan_recall,
+    "longrange": plan_longrange,
 }
 
 

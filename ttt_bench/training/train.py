@@ -217,7 +217,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             every_n_train_steps=cfg.checkpoint_every_n_steps,
             save_last=True,
             save_top_k=-1,
-            enable_version_counter=False,  # a re-run from an older step-N.ckpt rewrites last.ckpt, not last-v1
+            enable_version_counter=False,  # a re-run from an older step-N.ckpt rewrites last.ckpt
         ),
         LearningRateMonitor(logging_interval="step"),
         LossLog(run_dir / "losses.csv"),
