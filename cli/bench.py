@@ -1,16 +1,17 @@
 """`ttt-bench bench SUITE`: run a benchmark suite of ttt_bench.bench, print its table, write its CSV."""
 
-import argparse
 import importlib
 from pathlib import Path
 
-from ttt_bench.cli.main import SUBCOMMANDS, fail
+from ttt_bench.cli.main import SUBCOMMANDS, ArgumentParser, fail
+
+ZERO_OK = {"warmup", "chunk_size", "ref_seqlen", "seed"}  # integer options where 0 means none or automatic
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> ArgumentParser:
     from ttt_bench.bench import SUITES
 
-    p = argparse.ArgumentParser(prog="ttt-bench bench", description=SUBCOMMANDS["bench"] + " (docs/speed.md)")
+    p = ArgumentParser(prog="ttt-bench bench", description=SUBCOMMANDS["bench"] + " (docs/speed.md)")
     sub = p.add_subparsers(dest="suite", required=True, metavar="SUITE")
     for name, text in SUITES.items():
         s = sub.add_parser(name, help=text, description=text)
@@ -18,6 +19,18 @@ def parser() -> argparse.ArgumentParser:
                        "TTT_BENCH_RUNS defaulting to runs)")
         importlib.import_module(f"ttt_bench.bench.{name}").add_arguments(s)
     return p
+
+
+def check_options(a) -> None:
+    """Sizes, counts and the device, before anything is built."""
+    from ttt_bench.training.checkpoint import torch_device
+
+    for key, value in vars(a).items():
+        low = 0 if key in ZERO_OK else 1
+        if isinstance(value, int) and not isinstance(value, bool) and value < low:
+            fail(f"--{key.replace('_', '-')} {value} must be an integer >= {low}")
+    if getattr(a, "device", None):
+        torch_device(a.device, "--device")
 
 
 def run(args: list[str]) -> None:
@@ -30,6 +43,7 @@ def run(args: list[str]) -> None:
     from ttt_bench.io import write_atomic
 
     a = parser().parse_args(args)
+    check_options(a)
     suite = importlib.import_module(f"ttt_bench.bench.{a.suite}")
     start = time.perf_counter()
     try:

@@ -4,6 +4,8 @@ the library. `train` and `eval` are Hydra apps (overrides, --multirun, --cfg job
 import argparse
 import contextlib
 import difflib
+import errno
+import math
 import os
 import shutil
 import sys
@@ -26,8 +28,25 @@ SUBCOMMANDS = {
 
 
 def fail(message: str, code: int = 2) -> None:
+    message = " ".join(str(message).split())  # one line, whatever the exception text held
     print(f"ttt-bench: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with ttt-bench's one-line errors (no usage block)."""
+
+    def error(self, message: str) -> None:
+        fail(f"{message} (see {self.prog} --help)")
+
+
+def os_error(e: OSError) -> str:
+    """One line for a failed read or write: a full disk, a missing file, a permission."""
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno == errno.ENOSPC:
+        return (f"no space left on device{where}; free some space or write elsewhere "
+                "(TTT_BENCH_RUNS, TTT_BENCH_CACHE or --out)")
+    return f"{e.strerror or e}{where}; check the path and its permissions"
 
 
 def did_you_mean(word: str, options, prefix: str = "") -> str:
@@ -38,6 +57,11 @@ def did_you_mean(word: str, options, prefix: str = "") -> str:
 
 def one_line(e: BaseException) -> str:
     """The most specific line of an exception (Hydra wraps instantiation errors in several lines)."""
+    cause = e
+    while cause is not None:  # e.g. a UserError raised by a resolver, wrapped by OmegaConf
+        if isinstance(cause, UserError):
+            return str(cause)
+        cause = cause.__cause__
     if e.__cause__ is not None and not isinstance(e.__cause__, OmegaConfBaseException):
         e = e.__cause__  # e.g. the model's ValueError inside Hydra's InstantiationException
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
@@ -47,7 +71,7 @@ def one_line(e: BaseException) -> str:
 
 def composition_error(e: Exception) -> str:
     """One line for an error composing the config from the command line, with a "did you mean"."""
-    from hydra.errors import MissingConfigException
+    from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     cause = e.__cause__
@@ -58,6 +82,8 @@ def composition_error(e: Exception) -> str:
         parent = cause.full_key.rpartition(".")[0]
         hint = did_you_mean(str(cause.key), cause.parent_node.keys(), f"{parent}." if parent else "")
         return f"unknown config key '{cause.full_key}'{hint} (add a new key with +key=value)"
+    if isinstance(e, OverrideParseException):
+        return f"bad override: {str(e).splitlines()[0]}; write it as key=value"
     return f"bad override: {one_line(e)}"
 
 
@@ -72,12 +98,12 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
             return task(cfg, run_dir)
-        except (UserError, InstantiationException, OmegaConfBaseException, ValueError) as e:
+        except (UserError, InstantiationException, OmegaConfBaseException, ValueError, OSError) as e:
             if not any(run_dir.glob("checkpoints/*.ckpt")):  # never leave a half-written run folder
                 shutil.rmtree(run_dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     run_dir.parent.rmdir()  # runs/<run_name>/ when this was its only run
-            fail(one_line(e))
+            fail(os_error(e) if isinstance(e, OSError) else one_line(e))
 
     sys.argv = [f"ttt-bench {command}", *args]
     full_error = os.environ.get("HYDRA_FULL_ERROR")
@@ -104,9 +130,9 @@ def cmd_eval(args: list[str]) -> None:
 
 
 def cmd_generate(args: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="ttt-bench generate",
-                                description="Sample text from a trained checkpoint, prefilling the prompt "
-                                "and decoding with the model's own cache.")
+    p = ArgumentParser(prog="ttt-bench generate",
+                       description="Sample text from a trained checkpoint, prefilling the prompt and "
+                       "decoding with the model's own cache.")
     p.add_argument("ckpt", help="checkpoint (.ckpt) written by ttt-bench train")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200)
@@ -119,10 +145,12 @@ def cmd_generate(args: list[str]) -> None:
         fail("--prompt is empty; give some text to continue, e.g. --prompt 'The'")
     if a.max_new_tokens < 1 or a.top_k < 0:
         fail("--max-new-tokens must be >= 1 and --top-k >= 0")
+    if not (math.isfinite(a.temperature) and a.temperature >= 0):
+        fail(f"--temperature {a.temperature} must be a number >= 0 (0: greedy decoding)")
     from ttt_bench.generate import sample
-    from ttt_bench.training.checkpoint import load_checkpoint
+    from ttt_bench.training.checkpoint import load_checkpoint, torch_device
 
-    module, tok = load_checkpoint(a.ckpt, map_location=a.device)
+    module, tok = load_checkpoint(a.ckpt, map_location=torch_device(a.device, "--device"))
     ids = tok.encode(a.prompt).tolist()
     out = sample(module.model, ids, a.max_new_tokens, a.temperature, a.top_k or None, tok.eos_id, a.seed)
     print(a.prompt + tok.decode(out))
@@ -154,10 +182,16 @@ def main(argv: list[str] | None = None) -> None:
     if command not in SUBCOMMANDS:
         fail(f"unknown subcommand '{command}'" + did_you_mean(command, SUBCOMMANDS))
     retain_freed_memory()
+    from hydra.errors import HydraException
+
     try:
         dispatch(command, rest)
     except UserError as e:
         fail(str(e))
+    except (HydraException, OmegaConfBaseException) as e:  # e.g. bench's --set, --size
+        fail(composition_error(e))
+    except OSError as e:  # a full disk, a missing or unreadable file
+        fail(os_error(e))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """`ttt-bench plot FIGURE`: draw a paper figure (PNG and PDF) from a sweep registry or a CSV."""
 
 import argparse
+import tempfile
 from pathlib import Path
 
-from ttt_bench.cli.main import SUBCOMMANDS, fail
+from ttt_bench.cli.main import SUBCOMMANDS, ArgumentParser, fail
 
 FIGURES = {
     "scaling": "perplexity vs training FLOPs per method (Figs 11/12/18); INPUT: a scaling sweep folder",
@@ -31,7 +32,7 @@ def read_floors(src: Path) -> dict | None:
 
 
 def run(args: list[str]) -> None:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="ttt-bench plot",
         description=SUBCOMMANDS["plot"],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,16 +44,29 @@ def run(args: list[str]) -> None:
     p.add_argument("inputs", nargs="+", type=Path, help="sweep folder(s) or CSV file(s), see below")
     p.add_argument("--out", type=Path, default=Path("figures"), help="folder for FIGURE.png/.pdf")
     a = p.parse_args(args)
+    from ttt_bench.io import write_atomic
+
+    src = a.inputs[0]
+    for path in a.inputs:
+        if not path.exists():
+            fail(f"{path} does not exist")
+    if src.is_dir() and not any((src / name).is_file() for name in ("plan.json", "registry.csv")):
+        fail(f"{src} is not a sweep folder (no plan.json or registry.csv); pass the --out folder of "
+             "`ttt-bench ablate`")
+    floors = read_floors(src)
+    with tempfile.TemporaryDirectory() as tmp:  # drawn aside, then copied: a failure leaves no partial figure
+        paths = draw(a, src, Path(tmp) / a.figure.replace("-", "_"), floors)
+        for path in paths:
+            write_atomic(a.out / path.name, path.read_bytes())
+    print("\n".join(str(a.out / p.name) for p in paths))
+
+
+def draw(a, src: Path, stem: Path, floors: dict | None) -> list[Path]:
     import pandas as pd
 
     from ttt_bench.experiments import figures
     from ttt_bench.experiments.sweeps import read_registry
 
-    src = a.inputs[0]
-    if not src.exists():
-        fail(f"{src} does not exist")
-    stem = a.out / a.figure.replace("-", "_")
-    floors = read_floors(src)
     try:
         if a.figure in ("scaling", "context"):
             paths = getattr(figures, a.figure)(read_registry(src), stem, floors=floors)
@@ -69,6 +83,7 @@ def run(args: list[str]) -> None:
             paths = figures.inner_loss(pd.read_csv(src), stem)
         else:
             paths = figures.latency(pd.concat([pd.read_csv(f) for f in a.inputs], ignore_index=True), stem)
-    except (ValueError, KeyError) as e:
-        fail(f"cannot draw {a.figure} from {src}: {e}")
-    print("\n".join(str(p) for p in paths))
+    except (ValueError, KeyError, IndexError) as e:
+        fail(f"cannot draw {a.figure} from {src} ({type(e).__name__}: {e}); is it the right input? "
+             "(see --help)")
+    return paths

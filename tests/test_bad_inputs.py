@@ -146,3 +146,163 @@ def test_checkpoint_errors(capsys, tmp_path, checkpoints):
     assert "does not match its model config" in err
     err = cli_error(capsys, tmp_path, "generate", str(checkpoints["good"]), "--prompt", "")
     assert "--prompt is empty" in err
+
+
+# -- issue 21: corrupt corpora, device, disk full, registries, every subcommand ---------------------------
+
+CORRUPT_SHARDS = [
+    ("truncated", lambda z, data: z[: len(z) // 2], "is truncated or empty"),
+    ("gzip", lambda z, data: __import__("gzip").compress(data), "is not a valid zstd file"),
+    ("plain_text", lambda z, data: data, "is not a valid zstd file"),
+]
+
+
+@pytest.mark.parametrize("name,damage,message", CORRUPT_SHARDS, ids=[c[0] for c in CORRUPT_SHARDS])
+def test_corrupt_shard_is_an_error_even_when_skipping_bad_lines(capsys, tmp_path, name, damage, message):
+    data = b"".join(GOOD + b"\n" for _ in range(200))
+    shard = tmp_path / f"{name}.jsonl.zst"
+    shard.write_bytes(damage(zstandard.ZstdCompressor().compress(data), data))
+    files = [f"data.corpus.train_files={shard}", f"data.corpus.validation_files={shard}"]
+    err = cli_error(capsys, tmp_path, "train", *BASE, "data=pile", *files, "data.corpus.on_bad_line=skip")
+    assert f"{shard} {message}" in err and "re-download" in err
+
+
+BUDGET = "trainer.max_steps='${ttt.steps:${recipe.total_tokens},${recipe.tokens_per_batch}}'"  # conf/trainer
+MORE_CONFIG_ERRORS = [
+    (["recipe.total_tokens=abc", BUDGET], "recipe.total_tokens='abc' must be a positive number of tokens"),
+    (["recipe.total_tokens=-5", BUDGET], "recipe.total_tokens=-5 must be a positive number of tokens"),
+    (["data.val_tokens=0"], "data.val_tokens=0 must be a positive integer or null"),
+    (["data.tokenizer.kind=bpe", "+data.tokenizer.vocab_size=100"],
+     "data.tokenizer.vocab_size=100 must be an integer of at least 257"),
+    (["data.corpus.train_docs=1", "data.corpus.mean_doc_bytes=200", "recipe.tokens_per_batch=512"],
+     "has 5 sequences of data.seq_len=64, fewer than the 8 of one batch"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", MORE_CONFIG_ERRORS, ids=[o[0] for o, _ in MORE_CONFIG_ERRORS])
+def test_more_bad_train_values(capsys, tmp_path, overrides, message):
+    assert message in cli_error(capsys, tmp_path, "train", *TINY, *overrides)
+
+
+def test_cuda_device_without_a_gpu_is_not_a_truncated_checkpoint(capsys, tmp_path, checkpoints):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    good = str(checkpoints["good"])
+    err = cli_error(capsys, tmp_path, "eval", f"ckpt_path={good}", "device=cuda")
+    assert "device=cuda needs a CUDA GPU and this machine has none; use device=cpu" in err
+    err = cli_error(capsys, tmp_path, "generate", good, "--prompt", "a", "--device", "cuda")
+    assert "--device=cuda needs a CUDA GPU" in err and "unreadable" not in err
+    err = cli_error(capsys, tmp_path, "generate", good, "--prompt", "a", "--device", "tpu")
+    assert "is not a device" in err
+
+
+def test_eval_options_are_checked(capsys, tmp_path, checkpoints):
+    good = f"ckpt_path={checkpoints['good']}"
+    err = cli_error(capsys, tmp_path, "eval", good, "batch_size=0")
+    assert "batch_size=0 must be a positive integer" in err
+    err = cli_error(capsys, tmp_path, "eval", good, "max_tokens=abc")
+    assert "max_tokens='abc' must be a positive integer or null" in err
+
+
+SMALL_DATA = ["data=synthetic", "data.corpus.train_docs=2", "data.corpus.validation_docs=2",
+              "data.corpus.mean_doc_bytes=1500", "data.num_proc=1", "max_tokens=256", "batch_size=2"]
+
+
+def test_eval_on_another_data_config(capsys, tmp_path, checkpoints):
+    """README: `ttt-bench eval ckpt_path=... data=books` failed with "Interpolation key 'seed' not found"."""
+    main(["eval", f"ckpt_path={checkpoints['good']}", *SMALL_DATA, f"paths.runs={tmp_path}"])
+    metrics = json.loads(next(tmp_path.rglob("metrics.json")).read_text())
+    assert metrics["data"] == "synthetic" and metrics["val_tokens"] > 0
+
+
+def test_disk_full_is_one_line_and_leaves_no_partial_output(capsys, tmp_path, checkpoints, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("ttt_bench.io.os.fsync", full)  # every atomic write fails as on a full disk
+    err = cli_error(capsys, tmp_path, "eval", f"ckpt_path={checkpoints['good']}", *SMALL_DATA,
+                    f"paths.cache={tmp_path / 'cache'}")
+    assert "no space left on device" in err and "TTT_BENCH_RUNS" in err
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "partial token cache left"
+
+
+def test_registries_that_are_empty_or_corrupt(capsys, tmp_path):
+    out = tmp_path / "runs"  # cli_error checks that nothing is left there
+    empty, corrupt, no_runs, not_sweep = (tmp_path / n for n in ("empty", "corrupt", "no_runs", "not_sweep"))
+    for folder, content in [(empty, b""), (corrupt, bytes(range(256)) * 4), (no_runs, b"run,status\n")]:
+        folder.mkdir()
+        (folder / "registry.csv").write_bytes(content)
+    not_sweep.mkdir()
+    for figure, folder in [("scaling", empty), ("scaling", corrupt), ("context", no_runs),
+                           ("recall", no_runs), ("token-index", no_runs), ("minibatch", empty)]:
+        err = cli_error(capsys, tmp_path, "plot", figure, str(folder), "--out", str(out))
+        assert f"cannot draw {figure} from {folder}" in err
+    err = cli_error(capsys, tmp_path, "plot", "scaling", str(not_sweep), "--out", str(out))
+    assert "is not a sweep folder" in err
+
+
+def test_ablate_data_dir_and_launcher_overrides(capsys, tmp_path):
+    err = cli_error(capsys, tmp_path, "ablate", "table1", "--profile", "smoke", "--data-dir",
+                    str(tmp_path / "missing"), "--out", str(tmp_path / "runs" / "sweep"))
+    assert f"--data-dir {tmp_path / 'missing'} is not a folder" in err
+    # README: launcher overrides after the options (parsed intermixed; --plan runs nothing)
+    main(["ablate", "minibatch", "--profile", "smoke", "--plan", "hydra/launcher=joblib",
+          "hydra.launcher.n_jobs=2"])
+    assert "# estimated training time" in capsys.readouterr().out
+
+
+def test_ablate_with_failed_runs_exits_2(capsys, tmp_path, monkeypatch):
+    import pandas as pd
+
+    seen = {}
+
+    def sweep(name, profile, out, data_dir, launcher):
+        seen["launcher"] = launcher
+        return pd.DataFrame({"status": ["finished", "failed"], "error": [None, "boom"]})
+
+    monkeypatch.setattr("ttt_bench.experiments.sweeps.run_sweep", sweep)
+    err = cli_error(capsys, tmp_path, "ablate", "table1", "hydra/launcher=joblib", "--profile", "smoke",
+                    "--out", str(tmp_path / "sweep"), "hydra.launcher.n_jobs=2")
+    assert "1 of 2 runs failed" in err and "run the same command again" in err
+    assert seen["launcher"] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+
+
+# Wrong values for every subcommand: each must give one line (no traceback), a non-zero exit and no output.
+# {command: (base arguments, {option: wrong values})}; option None: the value is a positional argument.
+FUZZ = {
+    "train": (["train", *TINY], {k: ["-1", "0", "abc", "[1"] for k in (
+        "data.seq_len", "data.micro_batch_size", "recipe.lr", "data.val_tokens", "trainer.max_steps")}),
+    "eval": (["eval", "ckpt_path=CKPT"], {"batch_size": ["-1", "0", "abc"], "max_tokens": ["-1", "0", "abc"],
+                                          "seq_len": ["-1", "0", "abc"], "device": ["-1", "abc", "tpu"]}),
+    "generate": (["generate", "CKPT", "--prompt", "a"], {
+        "--max-new-tokens": ["-1", "0", "abc"], "--top-k": ["-1", "abc", "nan"],
+        "--temperature": ["-1", "abc", "nan", "-inf"], "--device": ["-1", "abc", "nan"]}),
+    "bench": (["bench", "scan", "--out", "OUT/scan.csv"], {k: ["-1", "0", "abc", "1.5"] for k in (
+        "--batch", "--seqlen", "--d-model", "--threads", "--repeats")}),
+    "bench models": (["bench", "models", "--quick", "--phases", "prefill", "--out", "OUT/m.csv"], {
+        "--contexts": ["0", "64-32", "a,b"], "--decode-batch": ["0", "-1", "x"], "--size": ["xxl", "s m"]}),
+    "plot": (["plot", "--out", "OUT"], {None: ["scalin OUT", "scaling OUT/none", "latency OUT/none.csv",
+                                               "inner-loss", "scaling"]}),
+    "ablate": (["ablate", "table1", "--out", "OUT/sweep"], {"--profile": ["abc", "-1", ""],
+                                                            "--data-dir": ["abc", "-1", ""]}),
+}
+
+
+@pytest.mark.parametrize("command", FUZZ)
+def test_fuzz_every_subcommand_with_wrong_values(capsys, tmp_path, checkpoints, command):
+    import random
+
+    rng = random.Random(command)
+    out = str(tmp_path / "runs")
+    base, options = FUZZ[command]
+    base = [a.replace("CKPT", str(checkpoints["good"])).replace("OUT", out) for a in base]
+    command = command.split()[0]
+    for option, values in options.items():
+        for value in rng.sample(values, 1 if command in ("train", "eval") else 2):  # Hydra apps: ~1 s each
+            if option is None:
+                wrong = value.replace("OUT", out).split()
+            else:
+                wrong = [f"{option}={value}"] if command in ("train", "eval") else [option, value]
+            cli_error(capsys, tmp_path, *base, *wrong)  # one line, exit code 2, nothing under runs/

@@ -1,4 +1,6 @@
+import gzip
 import json
+import os
 import time
 
 import numpy as np
@@ -124,6 +126,62 @@ def test_missing_files_and_too_small_corpus_are_clear_errors(tmp_path):
     )
     with pytest.raises(UserError, match="fewer than one sequence"):
         dm.prepare_data()
+
+
+DOCS = [{"text": f"document {i} " * 40} for i in range(300)]
+
+
+def damaged_shards(tmp_path) -> dict:
+    """Shards damaged the ways downloads are: cut mid-stream, gzip or plain text under a .zst name, empty."""
+    data = b"".join(json.dumps(d).encode() + b"\n" for d in DOCS)
+    whole = zstandard.ZstdCompressor().compress(data)
+    shards = {"truncated": whole[: len(whole) // 2], "cut_after_a_frame": whole + whole[:-5],
+              "gzip": gzip.compress(data), "plain_text": data, "empty": b""}
+    for name, content in shards.items():
+        (tmp_path / f"{name}.jsonl.zst").write_bytes(content)
+    return {name: str(tmp_path / f"{name}.jsonl.zst") for name in shards}
+
+
+@pytest.mark.parametrize("on_bad_line", ["skip", "error"])
+def test_damaged_zstd_shards_are_errors_naming_the_file(tmp_path, on_bad_line):
+    for name, path in damaged_shards(tmp_path).items():
+        message = "is not a valid zstd file" if name in ("gzip", "plain_text") else "is truncated or empty"
+        with pytest.raises(UserError, match=message) as e:
+            corpus = LocalCorpus(train_files=path, validation_files=path, on_bad_line=on_bad_line)
+            list(corpus.documents("train"))
+        assert path in str(e.value) and "re-download" in str(e.value) and "\n" not in str(e.value), name
+    # several frames, and lines across chunk boundaries, read whole
+    data = b"".join(json.dumps(d).encode() + b"\n" for d in DOCS)
+    frames = zstandard.ZstdCompressor().compress(data) * 2
+    (tmp_path / "frames.jsonl.zst").write_bytes(frames)
+    assert len(list(LocalCorpus(train_files=str(tmp_path / "frames.jsonl.zst")).documents("train"))) > 500
+
+
+def test_unreadable_file_in_a_glob_is_an_error_naming_it(tmp_path, monkeypatch):
+    write_shard(tmp_path / "a.jsonl.zst", DOCS[:3])
+    bad = write_shard(tmp_path / "b.jsonl.zst", DOCS[:3])
+    os.chmod(bad, 0)
+    if os.access(bad, os.R_OK):  # root reads anything: make the open fail as it would for a user
+        from ttt_bench.data import corpora
+
+        def deny(path, *args, **kwargs):
+            if path == bad:
+                raise PermissionError(13, "Permission denied", path)
+            return open(path, *args, **kwargs)
+
+        monkeypatch.setattr(corpora, "open", deny, raising=False)
+    with pytest.raises(UserError, match=f"cannot read {bad} \\(Permission denied\\); fix its permissions"):
+        list(LocalCorpus(train_files=str(tmp_path / "*.jsonl.zst")).documents("train"))
+
+
+def test_skipped_lines_are_reported_as_a_warning(tmp_path, caplog):
+    shard = write_shard(tmp_path / "s.jsonl.zst", [DOCS[0], b"{broken", {"txt": 1}, DOCS[1]])
+    dm = LMDataModule(LocalCorpus(train_files=shard, validation_files=shard), {"kind": "byte"}, seq_len=16,
+                      micro_batch_size=1, cache_dir=str(tmp_path / "c"))
+    with caplog.at_level("WARNING", logger="ttt_bench.data.token_cache"):
+        dm.prepare_data()
+    assert "2 documents read" in caplog.text and "1 unreadable lines, 1 without 'text'" in caplog.text
+    assert not list((tmp_path / "c").rglob("*.tmp"))
 
 
 def test_sampler_resumes_mid_stream_and_splits_ranks():

@@ -12,7 +12,15 @@ CONFIG_MODULE = "pkg://ttt_bench.conf"
 
 def _steps(total_tokens, tokens_per_batch) -> int:
     """Optimizer steps for a token budget: ceil(total / per batch)."""
-    return max(1, math.ceil(int(total_tokens) / int(tokens_per_batch)))
+    from .errors import UserError
+
+    for key, value, example in [("recipe.total_tokens", total_tokens, "2.5e6"),
+                                ("recipe.tokens_per_batch", tokens_per_batch, "16384")]:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
+            raise UserError(f"{key}={value!r} must be a positive number of tokens, e.g. {key}={example}")
+    if tokens_per_batch != int(tokens_per_batch):
+        raise UserError(f"recipe.tokens_per_batch={tokens_per_batch!r} must be a whole number of tokens")
+    return max(1, math.ceil(total_tokens / int(tokens_per_batch)))
 
 
 def _slug(overrides: str) -> str:

@@ -73,6 +73,8 @@ def _fwd_bwd(forward, inputs):
 def run(args) -> pd.DataFrame:
     if args.quick:
         args.d_model, args.seq_len, args.tokens = 64, 128, 256
+    if args.tokens < args.seq_len:
+        raise ValueError(f"--tokens {args.tokens} is less than one sequence of --seq-len {args.seq_len}")
     from ttt_bench.kernels import use_triton
 
     device = common.setup(args)

@@ -69,10 +69,18 @@ def apply_preset(args, parser: argparse.ArgumentParser) -> None:
 
 
 def parse_contexts(text: str) -> list[int]:
-    if "-" in text:
-        lo, hi = (int(v) for v in text.split("-"))
-        return [c for c in (lo << i for i in range(32)) if c <= hi]
-    return [int(v) for v in text.split(",")]
+    try:
+        if "-" in text:
+            lo, hi = (int(v) for v in text.split("-"))
+            contexts = [c for c in (lo << i for i in range(32)) if c <= hi]
+        else:
+            contexts = [int(v) for v in text.split(",")]
+    except ValueError:
+        contexts = []
+    if not contexts or min(contexts) < 1:
+        raise ValueError(f"--contexts {text} must be LO-HI (1024-32768) or a list (1024,4096) of positive "
+                         "lengths, LO <= HI")
+    return contexts
 
 
 def _is_oom(e: BaseException) -> bool:

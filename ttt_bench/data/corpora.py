@@ -9,7 +9,6 @@ fingerprint that changes whenever its content could (used to key the token cache
 
 import glob
 import hashlib
-import io
 import json
 import logging
 import os
@@ -86,13 +85,45 @@ def expand_globs(patterns: str | list[str], what: str) -> list[str]:
     return files
 
 
+def _zstd_chunks(path: str) -> Iterator[bytes]:
+    """The decompressed bytes of a .zst file, frame after frame; a UserError naming the file when it is not
+    zstd or ends inside a frame (an interrupted download), so a damaged shard is never read as a short one."""
+    import zstandard
+
+    fix = "re-download or re-compress it, or remove it from data.corpus.train_files/validation_files"
+    with open(path, "rb") as raw:
+        zstd = zstandard.ZstdDecompressor()
+        dobj, in_frame = zstd.decompressobj(), False
+        while chunk := raw.read(1 << 20):
+            while chunk:
+                try:
+                    yield dobj.decompress(chunk)
+                except zstandard.ZstdError as e:
+                    raise UserError(f"{path} is not a valid zstd file ({e}); {fix}") from None
+                in_frame = not dobj.eof
+                chunk = dobj.unused_data if dobj.eof else b""
+                if dobj.eof:
+                    dobj = zstd.decompressobj()
+        if in_frame or raw.tell() == 0:
+            raise UserError(f"{path} is truncated or empty (it ends inside a zstd frame); {fix}")
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    pending: list[bytes] = []
+    for chunk in chunks:
+        *complete, rest = chunk.split(b"\n")
+        if complete:
+            yield b"".join([*pending, complete[0]])
+            yield from complete[1:]
+            pending = []
+        pending.append(rest)
+    if any(pending):
+        yield b"".join(pending)
+
+
 def _open_text_lines(path: str) -> Iterator[bytes]:
     if path.endswith(".zst"):
-        import zstandard
-
-        with open(path, "rb") as raw:
-            reader = zstandard.ZstdDecompressor().stream_reader(raw)
-            yield from io.BufferedReader(reader, buffer_size=1 << 20)
+        yield from _lines(_zstd_chunks(path))
     else:
         with open(path, "rb") as f:
             yield from f
@@ -166,11 +197,17 @@ class LocalCorpus:
                     return
 
     def _records(self, path: str) -> Iterator[bytes]:
-        if path.endswith(".txt"):
-            with open(path, "rb") as f:
-                yield f.read()
-        else:
-            yield from _open_text_lines(path)
+        try:
+            if path.endswith(".txt"):
+                with open(path, "rb") as f:
+                    yield f.read()
+            else:
+                yield from _open_text_lines(path)
+        except OSError as e:
+            raise UserError(
+                f"cannot read {path} ({e.strerror or e}); fix its permissions or remove it from "
+                "data.corpus.train_files/validation_files"
+            ) from None
 
     def _text(self, raw: bytes, path: str, lineno: int, stats: ReadStats) -> str | None:
         if path.endswith(".txt"):

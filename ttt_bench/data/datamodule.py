@@ -15,6 +15,10 @@ from .tokenizers import ByteTokenizer, fingerprint, from_spec, train_bpe
 log = logging.getLogger(__name__)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class PackedSequences(Dataset):
     """Sequence i = tokens[i*L : i*L + L + 1] (inputs and shifted targets share one token), so
     every token of the stream is a prediction target exactly once."""
@@ -72,6 +76,13 @@ class LMDataModule(L.LightningDataModule):
             raise UserError(
                 f"data.seq_len ({seq_len}) and data.micro_batch_size ({micro_batch_size}) must be >= 1"
             )
+        if val_tokens is not None and (not _is_int(val_tokens) or val_tokens < 1):
+            raise UserError(f"data.val_tokens={val_tokens!r} must be a positive integer or null (the whole "
+                            "split), e.g. data.val_tokens=131072")
+        vocab = tokenizer.get("vocab_size", 8192)
+        if tokenizer.get("kind") == "bpe" and (not _is_int(vocab) or vocab < 257):
+            raise UserError(f"data.tokenizer.vocab_size={vocab!r} must be an integer of at least 257 (the "
+                            "256 bytes and end-of-text), e.g. data.tokenizer.vocab_size=8192")
         self.corpus, self.tokenizer_spec = corpus, dict(tokenizer)
         self.seq_len, self.micro_batch_size = seq_len, micro_batch_size
         self.cache_dir, self.val_tokens, self.num_proc, self.seed, self.name = (
@@ -135,7 +146,28 @@ class LMDataModule(L.LightningDataModule):
         max_seqs = max(1, max_tokens // self.seq_len) if max_tokens else None
         return PackedSequences(self.tokens["validation"], self.seq_len, max_seqs)
 
+    @property
+    def samples_per_step(self) -> int:
+        return self._samples_per_step
+
+    @samples_per_step.setter
+    def samples_per_step(self, n: int) -> None:
+        if self.tokens:  # set by the trainer set-up after prepare_data: refuse before training starts
+            self._check_batch(n)
+        self._samples_per_step = n
+
+    def _check_batch(self, n: int) -> None:
+        """A batch larger than the training split would repeat sequences inside it."""
+        sequences = len(self.train_dataset())
+        if sequences < max(n, self.micro_batch_size):
+            raise UserError(
+                f"the train split of '{self.name}' has {sequences} sequences of data.seq_len={self.seq_len}, "
+                f"fewer than the {max(n, self.micro_batch_size)} of one batch (data.micro_batch_size, "
+                "recipe.tokens_per_batch); use more data or smaller batches"
+            )
+
     def train_dataloader(self) -> DataLoader:
+        self._check_batch(self.samples_per_step)
         ds = self.train_dataset()
         trainer = self.trainer
         # On resume Lightning restores global_step before building loaders: continue the stream there.

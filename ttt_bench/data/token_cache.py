@@ -9,7 +9,6 @@ during preparation has no valid metadata and is rebuilt.
 
 import json
 import logging
-import os
 import tempfile
 from dataclasses import asdict
 from functools import lru_cache
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..io import write_atomic
+from ..io import atomic_file, write_atomic
 from .corpora import ReadStats
 from .tokenizers import fingerprint, from_spec
 
@@ -95,18 +94,17 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str,
                              remove_columns=["text"], desc=f"tokenizing {split}",
                              num_proc=num_proc if num_proc > 1 and len(docs) >= 2 * num_proc else None)
         dtype = dtype_for(tokenizer.vocab_size)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".bin.tmp")
         n_tokens = n_bytes = 0
-        with os.fdopen(fd, "wb") as out:
+        with atomic_file(folder / f"{split}.bin") as out:  # a full disk leaves no partial array behind
             for batch in tokenized.with_format("numpy").iter(batch_size=256):
                 for ids in batch["ids"]:
                     out.write(np.append(ids, tokenizer.eos_id).astype(dtype).tobytes())
                     n_tokens += len(ids) + 1
                 n_bytes += int(np.sum(batch["n_bytes"]))
-        os.replace(tmp, folder / f"{split}.bin")
     meta = {"format": FORMAT_VERSION, "key": key, "split": split, "dtype": np.dtype(dtype).name,
             "n_tokens": n_tokens, "n_bytes": n_bytes, "n_documents": stats.documents,
             "read_stats": asdict(stats), "tokenizer": tokenizer.spec.get("kind")}
     write_atomic(folder / f"{split}.json", json.dumps(meta, indent=1))  # last: it marks the cache complete
-    log.info("tokenized %s: %d tokens (%s)", split, n_tokens, stats.report())
+    skipped = stats.bad_lines + stats.missing_text  # on_bad_line=skip: counted and reported, never silent
+    (log.warning if skipped else log.info)("tokenized %s: %d tokens (%s)", split, n_tokens, stats.report())
     return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), meta

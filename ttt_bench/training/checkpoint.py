@@ -34,9 +34,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 kill_self()
 
 
+def torch_device(name: str, option: str = "device") -> torch.device:
+    """The device `name` (cpu, cuda, cuda:1, ...), or a UserError saying why it cannot be used here."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise UserError(f"{option}={name!r} is not a device; use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"{option}={name} needs a CUDA GPU and this machine has none; use {option}=cpu")
+    return device
+
+
 def read_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:
     """The contents of a checkpoint written by `ttt-bench train`, or a UserError naming the file."""
     path = Path(path)
+    torch_device(str(map_location))  # no GPU: say so, rather than call a good checkpoint unreadable
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass the .ckpt file of a run "
                         "(runs/<run>/checkpoints/last.ckpt)")
@@ -95,5 +107,5 @@ def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[LitLM,
         module.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
         raise UserError(f"{path} does not match its model config: {str(e).splitlines()[0]}") from None
-    module.eval()
+    module.to(map_location).eval()
     return module, from_spec(hp["tokenizer"])

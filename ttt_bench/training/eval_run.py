@@ -8,18 +8,35 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..io import write_json
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, torch_device
 from .evaluate import bits_per_byte, evaluate, inner_losses, save_inner_losses, save_token_index
 
 log = logging.getLogger(__name__)
 
 
+def check_options(cfg: DictConfig) -> None:
+    for key, example, nullable in [("batch_size", 8, False), ("max_tokens", 1048576, True),
+                                   ("seq_len", 4096, True)]:
+        value = cfg.get(key)
+        if value is None and nullable:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            null = " or null" if nullable else ""
+            raise UserError(f"{key}={value!r} must be a positive integer{null}, e.g. {key}={example}")
+
+
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
-    module, _ = load_checkpoint(cfg.ckpt_path, map_location=cfg.device)
+    check_options(cfg)
+    module, _ = load_checkpoint(cfg.ckpt_path, map_location=torch_device(cfg.device))
     hp = module.hparams
-    data = OmegaConf.to_container(cfg.data, resolve=True) if cfg.get("data") else hp["config"]["data"]
+    if cfg.get("data"):
+        data = OmegaConf.to_container(cfg.data, resolve=True)
+    elif (hp.get("config") or {}).get("data"):
+        data = hp["config"]["data"]
+    else:
+        raise UserError(f"{cfg.ckpt_path} does not say what data it was trained on; pass data=<name>")
     data_cfg = OmegaConf.create(data)
     data_cfg.tokenizer = hp["tokenizer"]  # always the model's own tokenizer
     if cfg.seq_len:
@@ -33,7 +50,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     )
     metrics = {
         "ckpt_path": str(cfg.ckpt_path),
-        "model": hp["config"]["model"]["name"],
+        "model": hp["model_cfg"].get("name"),
         "data": data_cfg.name,
         "seq_len": data_cfg.seq_len,
         **result,
