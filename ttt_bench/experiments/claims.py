@@ -32,6 +32,7 @@ class Results:
     latency: pd.DataFrame | None = None  # `ttt-bench bench models`: model, phase, context, latency
     floors: pd.DataFrame | None = None  # role, seq_len, floor, val_ppl
     recall: pd.DataFrame | None = None  # MQAR: method, width, pairs, seed, val_accuracy
+    fact_recall: pd.DataFrame | None = None  # experiments/longrange.py: method, seed, kind, distance, loss, n
 
 
 @dataclass
