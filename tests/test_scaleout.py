@@ -23,11 +23,23 @@ SLURM_ENV = {
 }
 
 
-def test_trainer_slurm_resolves_world_size_ranks_and_master_address(monkeypatch):
+@pytest.fixture
+def restore_rank_zero(monkeypatch):
+    """A Trainer of rank 3 makes Lightning's process-wide rank 3: every later rank-zero-only call in this
+    test process (loggers writing metrics.csv, checkpoints) would be skipped. Put rank 0 back afterwards."""
+    import lightning.pytorch.utilities.rank_zero as pl_rank_zero
+    import lightning_utilities.core.rank_zero as utils_rank_zero
+
+    for module in (pl_rank_zero, utils_rank_zero):
+        monkeypatch.setattr(module.rank_zero_only, "rank", module.rank_zero_only.rank)
+
+
+def test_trainer_slurm_resolves_world_size_ranks_and_master_address(monkeypatch, restore_rank_zero):
     for k, v in SLURM_ENV.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    monkeypatch.delenv("MASTER_PORT", raising=False)
+    for k in ("MASTER_ADDR", "MASTER_PORT"):  # recorded, so what Lightning sets here is undone afterwards
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
     # on CPU processes (gloo) with fp32: the same resolution a GPU node gets
     cfg = compose("train", ["trainer=slurm", "trainer.accelerator=cpu", "trainer.precision=32-true"])
     assert (cfg.trainer.num_nodes, cfg.trainer.devices) == (2, 2)  # from SLURM_NNODES, SLURM_NTASKS_PER_NODE
