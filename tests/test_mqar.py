@@ -222,3 +222,11 @@ def test_a_training_mixture_of_pair_counts():
         keys, values = t[0 : 2 * n : 2].tolist(), t[1 : 2 * n : 2].tolist()
         for q in mask.nonzero().flatten().tolist():
             assert t[q + 1].item() == values[keys.index(t[q].item())]
+
+
+def test_checkpoints_rebuild_the_mqar_vocabulary():
+    from ttt_bench.data.tokenizers import from_spec
+
+    vocab = MQARDataModule(vocab_size=64, num_kv_pairs=4, seq_len=32).build_tokenizer()
+    again = from_spec(vocab.spec)
+    assert again.vocab_size == 64 and again.decode(again.encode("3 40 7")) == "3 40 7"

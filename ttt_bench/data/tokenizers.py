@@ -90,13 +90,17 @@ def train_bpe(texts: Iterator[str], vocab_size: int, cache_dir: Path, key: str) 
     return from_spec({"kind": "bpe", "json": path.read_text()})
 
 
-def from_spec(spec: dict) -> ByteTokenizer | HFTokenizer:
+def from_spec(spec: dict):
     """Rebuild a tokenizer from its spec (as saved in a checkpoint)."""
     from tokenizers import Tokenizer
 
     kind = spec.get("kind")
     if kind == "byte":
         return ByteTokenizer()
+    if kind == "mqar":  # MQAR's token ids are the data (data/mqar.py)
+        from .mqar import MQARVocab
+
+        return MQARVocab(int(spec["vocab_size"]))
     if kind in ("bpe", "hf") and "json" in spec:
         return HFTokenizer(Tokenizer.from_str(spec["json"]), spec, spec.get("eos_token"))
     if kind == "hf":
@@ -108,7 +112,7 @@ def from_spec(spec: dict) -> ByteTokenizer | HFTokenizer:
                 "check the name and that the hub is reachable, or use data.tokenizer.kind=byte"
             ) from None
         return HFTokenizer(tok, {**spec, "json": tok.to_str()}, spec.get("eos_token"))
-    raise UserError(f"unknown tokenizer kind '{kind}'; use one of: byte, bpe, hf")
+    raise UserError(f"unknown tokenizer kind '{kind}'; use one of: byte, bpe, hf, mqar")
 
 
 def fingerprint(spec: dict) -> str:
