@@ -279,6 +279,12 @@ RUNNERS = {
     "latency": step_latency,
 }
 
+# MTTT (experiments/mttt.py, docs/mttt.md): one step per table
+from .experiments.mttt import MTTT_SECTIONS, MTTT_SWEEPS, step_mttt  # noqa: E402
+
+STEPS += MTTT_SWEEPS
+RUNNERS.update({m: (lambda ctx, m=m: step_mttt(m, ctx, sweep_step)) for m in MTTT_SWEEPS})
+
 
 # ---- the report, from the step folders ----
 
@@ -334,6 +340,7 @@ SECTIONS = {  # step -> (title, what the paper found, figures and tables of the 
         ["Figures 3/15"],
     ),
 }
+SECTIONS.update(MTTT_SECTIONS)
 
 
 def read_results(out: Path) -> Results:
@@ -355,6 +362,9 @@ def read_results(out: Path) -> Results:
         token_index=csv("scaling", "token_index.csv"),
         latency=csv("latency", "latency.csv"),
         recall=csv("recall", "registry.csv"),
+        fact_recall=csv("longrange", "fact_recall.csv"),
+        mttt={m: csv(m, "registry.csv") for m in MTTT_SWEEPS},
+        mttt_inner={m: csv(m, "inner_loss.csv") for m in MTTT_SWEEPS},
         floors=pd.concat(floors, ignore_index=True).drop_duplicates(["role", "seq_len", "floor"])
         if floors
         else None,

@@ -33,6 +33,8 @@ class Results:
     floors: pd.DataFrame | None = None  # role, seq_len, floor, val_ppl
     recall: pd.DataFrame | None = None  # MQAR: method, width, pairs, seed, val_accuracy
     fact_recall: pd.DataFrame | None = None  # experiments/longrange.py: method, seed, kind, distance, loss, n
+    mttt: dict | None = None  # MTTT: sweep name -> registry (experiments/mttt.py)
+    mttt_inner: dict | None = None  # MTTT: sweep name -> config, layer, step, inner_loss
 
 
 @dataclass
@@ -659,6 +661,12 @@ CLAIMS = [
         recalls_far_facts_better("ttt_mlp_m", "mamba"),
     ),
 ]
+
+
+# MTTT, the predecessor paper (experiments/mttt.py, docs/mttt.md)
+from .mttt import mttt_claims  # noqa: E402
+
+CLAIMS += mttt_claims(Claim)
 
 
 def judge_all(results: Results) -> pd.DataFrame:

@@ -314,6 +314,12 @@ PLANNERS = {
     "longrange": plan_longrange,
 }
 
+# MTTT image classification (experiments/mttt.py, docs/mttt.md)
+from .mttt import MTTT_SWEEPS, plan_mttt  # noqa: E402
+
+SWEEPS += MTTT_SWEEPS
+PLANNERS.update(dict.fromkeys(MTTT_SWEEPS, plan_mttt))
+
 
 def seeds_of(sweep: dict, profile: str) -> int:
     return int(sweep["profiles"][profile].get("seeds", 1))
@@ -539,6 +545,10 @@ def estimate(spec: dict) -> dict:
     from ..flops import flops_per_token
 
     cfg = compose("train", spec["overrides"])
+    if cfg.get("task", {}).get("name") == "image":  # MTTT: images, FLOPs counted (experiments/mttt.py)
+        from .mttt import estimate_image
+
+        return estimate_image(cfg, CPU_TRAIN_FLOPS)
     tokenizer = cfg.data.get("tokenizer") or {}
     vocab = cfg.data.get("vocab_size") or tokenizer.get("vocab_size") or 257  # byte-level by default
     tokens = float(cfg.recipe.total_tokens)
@@ -606,6 +616,8 @@ def write_floors(out: Path, runs: dict) -> pd.DataFrame:
         except Exception:  # noqa: BLE001  (recorded as a failed run by check_configs)
             continue
         role = spec.get("role", cfg.data.name)
+        if cfg.get("task", {}).get("name") == "image":  # MTTT: images, no text floors
+            continue
         if cfg.data.name == "mqar":  # synthetic recall: no text to model, chance is in the recall table
             continue
         key = (role, int(cfg.data.seq_len), cfg.data.val_tokens)

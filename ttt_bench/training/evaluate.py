@@ -92,3 +92,33 @@ def inner_losses(model: torch.nn.Module, dataset, max_sequences: int = 16, batch
         for layer, d in losses.items()
     ]
     return pd.concat(rows, ignore_index=True)
+
+
+@torch.no_grad()
+def evaluate_classifier(model: torch.nn.Module, dataset, batch_size: int = 64, split: str = "val",
+                        device=None) -> tuple[dict, list[dict]]:
+    """Cross-entropy and accuracy of an image classifier over a split (an `ImageTokens`), and for TTT layers
+    the mean inner losses over its images: rows {split, layer, step, inner_loss} (MTTT's Figures 1/3/4)."""
+    was_training = model.training
+    model.eval()
+    device = device or next(model.parameters()).device
+    loss_sum = correct = 0.0
+    count = 0
+    inner_sum = None
+    for batch in dataset.batches(batch_size):
+        tokens, labels = batch["tokens"].to(device), batch["label"].to(device)
+        logits = model(tokens).float()
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += (logits.argmax(-1) == labels).sum().item()
+        inner = model.inner_losses() if hasattr(model, "inner_losses") else None
+        if inner is not None:
+            inner = inner.double().cpu() * len(labels)
+            inner_sum = inner if inner_sum is None else inner_sum + inner
+        count += len(labels)
+    model.train(was_training)
+    result = {f"{split}_loss": loss_sum / max(count, 1), f"{split}_accuracy": correct / max(count, 1),
+              f"{split}_images": count}
+    rows = [] if inner_sum is None else [
+        {"split": split, "layer": layer, "step": t, "inner_loss": float(v) / count}
+        for layer, values in enumerate(inner_sum) for t, v in enumerate(values)]
+    return result, rows

@@ -46,52 +46,50 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
     return (total if reduction == "sum" else total / count.clamp_min(1)), accuracy, count
 
 
-class LitLM(L.LightningModule):
-    """Wraps a `LanguageModel` built from `model_cfg`. Hyper-parameters (the model config, recipe and
-    tokenizer spec) are saved in every checkpoint, so `LitLM.load_from_checkpoint` rebuilds it.
+class LitBase(L.LightningModule):
+    """The training recipe shared by the tasks: AdamW with the recipe's warmup + cosine schedule, clipping by
+    the global gradient norm, the non-finite policy, and the RNG states in checkpoints for bitwise resume.
+    A task defines `loss_and_accuracy(batch) -> (loss, accuracy or None, count or None)`, `units(batch)` (what
+    `tokens_seen` counts: tokens for language models, images for classifiers) and `validation_step`.
 
     `nonfinite`: what a NaN/inf loss or gradient does: `stop` the run (UserError with the step; the last good
     checkpoint stays) or `skip` the optimizer update of that step (counted in `skipped_steps`, logged)."""
 
-    def __init__(self, model_cfg: dict, recipe: dict, vocab_size: int, tokenizer: dict, max_steps: int = 1,
-                 config: dict | None = None, nonfinite: str = "stop"):
+    unit = "tokens"
+
+    def __init__(self, recipe: dict, max_steps: int = 1, nonfinite: str = "stop"):
         super().__init__()
         if nonfinite not in ("stop", "skip"):
             raise UserError(f"nonfinite must be 'stop' or 'skip', got '{nonfinite}'")
-        self.save_hyperparameters()
-        self.model = instantiate(model_cfg, vocab_size=vocab_size)
         self.recipe, self.max_steps, self.nonfinite = recipe, max_steps, nonfinite
-        self.tokens_seen = self.skipped_steps = 0
+        self.tokens_seen = self.skipped_steps = 0  # tokens (or images, `unit`) of the optimizer steps so far
         self._resume_rng_states = None
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids)
-
-    def loss(self, batch: torch.Tensor | dict, reduction: str = "mean") -> torch.Tensor:
+    def loss(self, batch, reduction: str = "mean") -> torch.Tensor:
         return self.loss_and_accuracy(batch, reduction)[0]
 
-    def loss_and_accuracy(self, batch: torch.Tensor | dict, reduction: str = "mean"):
-        """(loss, accuracy, positions). Without a loss mask (see `split_batch`): the cross-entropy of every
-        target, accuracy and positions None. With one: loss and accuracy over the masked targets only."""
-        tokens, mask = split_batch(batch)
-        logits = self.model(tokens[:, :-1])
-        if mask is None:
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction=reduction)
-            return loss, None, None
-        return masked_loss(logits, tokens[:, 1:], mask, reduction)
+    def loss_and_accuracy(self, batch, reduction: str = "mean"):
+        raise NotImplementedError
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    def units(self, batch) -> int:
+        raise NotImplementedError
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         loss, accuracy, _ = self.loss_and_accuracy(batch)
         if not torch.isfinite(loss):
             self._nonfinite(f"training loss ({loss.item()})")
             return None  # skip: Lightning does no backward and no update for this batch
-        self.tokens_seen += split_batch(batch)[0][:, 1:].numel() * self.trainer.world_size
+        self.tokens_seen += self.units(batch) * self.trainer.world_size
         if self._logs_written():
             self.log("train/loss", loss, prog_bar=True)
             if accuracy is not None:
                 self.log("train/accuracy", accuracy)
-            self.log("train/tokens", float(self.tokens_seen))
+            self.log(f"train/{self.unit}", float(self.tokens_seen))
+            self.log_extra()
         return loss
+
+    def log_extra(self) -> None:
+        """Task-specific values logged with the training loss (e.g. MTTT's inner losses)."""
 
     def _logs_written(self) -> bool:
         """Whether Lightning writes what this micro-batch logs: the last micro-batch of an optimizer step,
@@ -143,14 +141,6 @@ class LitLM(L.LightningModule):
             if hasattr(block, "on_train_step"):
                 block.on_train_step(self.global_step, int(self.recipe["warmup_fraction"] * self.max_steps))
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        loss, accuracy, positions = self.loss_and_accuracy(batch)
-        if accuracy is None:
-            self.log("val/loss", loss, prog_bar=True, sync_dist=True)
-        elif positions := int(positions):  # weighted by masked positions: the epoch value is their mean
-            self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=positions)
-            self.log("val/accuracy", accuracy, prog_bar=True, sync_dist=True, batch_size=positions)
-
     def configure_optimizers(self):
         r = self.recipe
         # no weight decay on vectors (norms, biases) nor on parameters flagged `_no_weight_decay` (Mamba A, D)
@@ -174,3 +164,81 @@ class LitLM(L.LightningModule):
         self.tokens_seen = checkpoint.get("tokens_seen", 0)
         self.skipped_steps = checkpoint.get("skipped_steps", 0)
         self._resume_rng_states = checkpoint.get("rng_states")
+
+
+class LitLM(LitBase):
+    """Next-token cross-entropy over a `LanguageModel` built from `model_cfg`. Hyper-parameters (the model
+    config, recipe and tokenizer spec) are saved in every checkpoint, so `LitLM.load_from_checkpoint` rebuilds
+    it."""
+
+    def __init__(self, model_cfg: dict, recipe: dict, vocab_size: int, tokenizer: dict, max_steps: int = 1,
+                 config: dict | None = None, nonfinite: str = "stop"):
+        super().__init__(recipe, max_steps, nonfinite)
+        self.save_hyperparameters()
+        self.model = instantiate(model_cfg, vocab_size=vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)
+
+    def units(self, batch) -> int:
+        return split_batch(batch)[0][:, 1:].numel()
+
+    def loss_and_accuracy(self, batch: torch.Tensor | dict, reduction: str = "mean"):
+        """(loss, accuracy, positions). Without a loss mask (see `split_batch`): the cross-entropy of every
+        target, accuracy and positions None. With one: loss and accuracy over the masked targets only."""
+        tokens, mask = split_batch(batch)
+        logits = self.model(tokens[:, :-1])
+        if mask is None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten(), reduction=reduction)
+            return loss, None, None
+        return masked_loss(logits, tokens[:, 1:], mask, reduction)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, accuracy, positions = self.loss_and_accuracy(batch)
+        if accuracy is None:
+            self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        elif positions := int(positions):  # weighted by masked positions: the epoch value is their mean
+            self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=positions)
+            self.log("val/accuracy", accuracy, prog_bar=True, sync_dist=True, batch_size=positions)
+
+
+class LitClassifier(LitBase):
+    """Image classification (`task=image`): cross-entropy and accuracy of a `ViTClassifier` built from
+    `model_cfg` with the data's token geometry. Hyper-parameters are saved in every checkpoint, so
+    `LitClassifier.load_from_checkpoint` rebuilds it. With TTT layers, the inner losses of the last
+    training batch are logged per layer and inner step (train/inner_loss/L<layer>_t<step>)."""
+
+    unit = "images"
+
+    def __init__(self, model_cfg: dict, recipe: dict, num_classes: int, token_dim: int, num_tokens: int,
+                 max_steps: int = 1, config: dict | None = None, nonfinite: str = "stop"):
+        super().__init__(recipe, max_steps, nonfinite)
+        self.save_hyperparameters()
+        self.model = instantiate(model_cfg, num_classes=num_classes, token_dim=token_dim,
+                                 num_tokens=num_tokens)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def units(self, batch: dict) -> int:
+        return len(batch["label"])
+
+    def loss_and_accuracy(self, batch: dict, reduction: str = "mean"):
+        """(loss, accuracy, images) of a batch {"tokens" [B, n, p*p*C], "label" [B]}."""
+        logits = self.model(batch["tokens"]).float()
+        loss = F.cross_entropy(logits, batch["label"], reduction=reduction)
+        with torch.no_grad():
+            accuracy = (logits.argmax(-1) == batch["label"]).float().mean()
+        return loss, accuracy, len(batch["label"])
+
+    def log_extra(self) -> None:
+        inner = self.model.inner_losses()
+        if inner is not None:
+            for layer, losses in enumerate(inner.tolist()):
+                for t, value in enumerate(losses):
+                    self.log(f"train/inner_loss/L{layer}_t{t}", value)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, accuracy, images = self.loss_and_accuracy(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=images)
+        self.log("val/accuracy", accuracy, prog_bar=True, sync_dist=True, batch_size=images)

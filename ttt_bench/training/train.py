@@ -24,10 +24,18 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import UserError
 from ..flops import train_flops
 from ..io import write_atomic, write_json
+from ..vision.flops import count_flops
 from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpoint
-from .evaluate import bits_per_byte, evaluate, inner_losses, save_inner_losses, save_token_index
+from .evaluate import (
+    bits_per_byte,
+    evaluate,
+    evaluate_classifier,
+    inner_losses,
+    save_inner_losses,
+    save_token_index,
+)
 from .faults import KillDuringStep
-from .module import LitLM
+from .module import LitBase, LitClassifier, LitLM
 
 log = logging.getLogger(__name__)
 
@@ -174,36 +182,84 @@ def check_config(cfg: DictConfig) -> None:
         )
 
 
+def task_name(cfg: DictConfig) -> str:
+    """`lm` (language modelling, the default) or `image` (classification, MTTT): the `task` config group."""
+    name = OmegaConf.select(cfg, "task.name") or "lm"
+    if name not in ("lm", "image"):
+        raise UserError(f"task={name} is not a task; use task=lm or task=image")
+    return name
+
+
+def check_image_config(cfg: DictConfig) -> None:
+    """The image task's settings, before any data is read."""
+    for key in ("data.micro_batch_size", "recipe.batch_size", "trainer.max_steps", "size.d_model",
+                "size.n_layers", "size.n_heads", "size.mlp_hidden", "checkpoint_every_n_steps",
+                "eval_every_n_steps"):
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UserError(f"{key}={value!r} must be a positive integer")
+    for key in ("recipe.lr", "recipe.grad_clip"):
+        value = OmegaConf.select(cfg, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise UserError(f"{key}={value!r} must be a positive number")
+    if cfg.size.d_model % cfg.size.n_heads:
+        raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
+                        "pick a number of heads that divides the width")
+    if "_target_" not in cfg.data or "ImageDataModule" not in str(cfg.data._target_):
+        raise UserError(f"task=image needs image data, got data={cfg.data.get('name')}; use "
+                        "data=fashion_mnist or data=synthetic_images")
+    if "ViTClassifier" not in str(cfg.model.get("_target_", "")):
+        raise UserError(f"task=image needs an image model, got model={cfg.model.get('name')}; use one of "
+                        "mttt_linear, mttt_mlp, vit_linear_attention, vit_self_attention, "
+                        "vit_nadaraya_watson")
+    mixer = cfg.model.get("mixer") or {}
+    steps, tokens = mixer.get("steps"), OmegaConf.select(cfg, "data.seq_len")
+    if mixer.get("sgd") and isinstance(steps, int) and steps >= 1 and tokens and tokens % steps:
+        raise UserError(f"inner SGD splits the {tokens} tokens of an image into model.mixer.steps={steps} "
+                        "mini-batches; pick steps that divide the number of tokens")
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
+                        "has none; use trainer=cpu (the default)")
+
+
+def image_geometry(cfg: DictConfig, world_size: int) -> dict:
+    """Images per optimizer step (recipe.batch_size) and the gradient accumulation to reach it."""
+    images, per_step = cfg.recipe.batch_size, cfg.data.micro_batch_size * world_size
+    if images % per_step:
+        raise UserError(f"recipe.batch_size={images} is not a multiple of data.micro_batch_size x devices = "
+                        f"{per_step}; change one of them")
+    return {"sequences_per_step": images, "accumulate": images // per_step, "tokens_per_step": images}
+
+
 def build_data(cfg: DictConfig):
     dm = instantiate(cfg.data)
     dm.prepare_data()
     return dm
 
 
-def build_module(cfg: DictConfig, dm) -> LitLM:
-    return LitLM(
-        model_cfg=OmegaConf.to_container(cfg.model, resolve=True),
-        recipe=OmegaConf.to_container(cfg.recipe, resolve=True),
-        vocab_size=dm.vocab_size,
-        tokenizer=dm.build_tokenizer().spec,
-        max_steps=int(cfg.trainer.max_steps),
-        config=OmegaConf.to_container(cfg, resolve=True),
-        nonfinite=cfg.nonfinite,
-    )
+def build_module(cfg: DictConfig, dm) -> LitBase:
+    common = {
+        "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
+        "recipe": OmegaConf.to_container(cfg.recipe, resolve=True),
+        "max_steps": int(cfg.trainer.max_steps),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "nonfinite": cfg.nonfinite,
+    }
+    if task_name(cfg) == "image":
+        return LitClassifier(num_classes=dm.num_classes, token_dim=dm.token_dim, num_tokens=dm.num_tokens,
+                             **common)
+    return LitLM(vocab_size=dm.vocab_size, tokenizer=dm.build_tokenizer().spec, **common)
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    run_dir = Path(run_dir)
-    check_config(cfg)
-    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
-    world = int(cfg.trainer.get("num_nodes", 1)) * devices
-    geo = batch_geometry(cfg, max(1, world))
+def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
+    """What the tasks share: resume-checkpoint choice, seeding, data and module, callbacks (checkpoints, loss
+    log, step timer, fault hooks), the Lightning fit. `make_module(dm)` builds the LightningModule."""
     found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
-    resume, tokens_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
+    resume, units_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
     del found  # the trainer loads it again
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg)
-    module = build_module(cfg, dm)
+    module = make_module(dm)
     if cfg.trainer.accelerator == "cpu":
         torch.set_float32_matmul_precision("highest")
     fault = cfg.get("fault") or {}  # test-only fault injection, see faults.py
@@ -248,18 +304,37 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             reason = str(e).splitlines()[0]
             raise UserError(f"recipe.init_from={init_from} does not fit this model: {reason}") from None
     log.info(
-        "model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d tokens (accumulate %d)%s",
+        "model %s: %.2fM parameters (%.2fM non-embedding); %d steps of %d %s (accumulate %d)%s",
         cfg.model.name,
         module.model.num_params(False) / 1e6,
         module.model.num_params() / 1e6,
         cfg.trainer.max_steps,
         geo["tokens_per_step"],
+        module.unit,
         geo["accumulate"],
         f"; resuming {resume}" if resume else "",
     )
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # ours, with numpy RNG states
     wall = time.perf_counter() - start
+    return {"dm": dm, "module": module, "trainer": trainer, "timer": timer, "wall": wall,
+            "units_before": units_before, "init_from": init_from}
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    run_dir = Path(run_dir)
+    if task_name(cfg) == "image":
+        return train_image(cfg, run_dir)
+    for group in ("model", "data"):
+        if any(t in str(cfg[group].get("_target_", "")) for t in ("ViTClassifier", "ImageDataModule")):
+            raise UserError(f"{group}={cfg[group].get('name')} is for image classification; add task=image")
+    check_config(cfg)
+    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
+    world = int(cfg.trainer.get("num_nodes", 1)) * devices
+    geo = batch_geometry(cfg, max(1, world))
+    run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
+    dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
+    tokens_before, init_from = run["units_before"], run["init_from"]
 
     result = evaluate(module.model, dm.val_dataset(), batch_size=cfg.data.micro_batch_size)
     save_token_index(run_dir / "token_index.csv", result.pop("token_index_loss"))
@@ -294,4 +369,52 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         metrics["val_bpb"],
         run_dir,
     )
+    return metrics
+
+
+def train_image(cfg: DictConfig, run_dir: Path) -> dict:
+    """`task=image`: a ViT classifier (MTTT or an attention baseline) on images; metrics.json has the
+    validation and the held-out test accuracy, inner_losses.csv the mean inner loss per layer and step."""
+    check_image_config(cfg)
+    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
+    world = int(cfg.trainer.get("num_nodes", 1)) * devices
+    geo = image_geometry(cfg, max(1, world))
+    run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
+    dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
+    batch = cfg.data.micro_batch_size
+    val, val_rows = evaluate_classifier(module.model, dm.val_dataset(), batch, "val")
+    test, test_rows = evaluate_classifier(module.model, dm.test_dataset(), batch, "test")
+    if val_rows:
+        import pandas as pd
+
+        save_inner_losses(run_dir / "inner_losses.csv", pd.DataFrame(val_rows + test_rows))
+    images = module.tokens_seen
+    flops = count_flops(module.model, dm.token_dim, dm.num_tokens)
+    metrics = {
+        "status": "finished",
+        "task": "image",
+        "model": cfg.model.name,
+        "size": cfg.size.name,
+        "data": cfg.data.name,
+        "patch_size": dm.patch_size,
+        "image_size": dm.side,
+        "num_tokens": dm.num_tokens,
+        "params": module.model.num_params(False),
+        "non_embedding_params": module.model.num_params(),
+        "steps": trainer.global_step,
+        "images_seen": images,
+        "skipped_steps": module.skipped_steps,
+        "wall_time_s": round(wall, 2),
+        "images_per_s": round((images - run["units_before"]) / max(wall, 1e-9), 1),
+        "steady_images_per_s": None if timer.tokens_per_s() is None else round(timer.tokens_per_s(), 1),
+        "steady_steps": len(timer.times),
+        **val,
+        **test,
+        "forward_flops_per_image": flops,
+        "train_flops": count_flops(module.model, dm.token_dim, dm.num_tokens, backward=True) * images,
+        "run_dir": str(run_dir),
+    }
+    write_json(run_dir / "metrics.json", metrics)
+    log.info("val accuracy %.4f, test accuracy %.4f; outputs in %s", metrics["val_accuracy"],
+             metrics["test_accuracy"], run_dir)
     return metrics
