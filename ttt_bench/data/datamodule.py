@@ -57,6 +57,16 @@ class EpochShuffleSampler(Sampler[int]):
                 yield index
 
 
+def stream_loader(ds: Dataset, micro_batch_size: int, seed: int, samples_per_step: int, trainer):
+    """The training loader of every datamodule: the endless shuffled stream of `EpochShuffleSampler`, from
+    where the trainer is (on resume Lightning restores global_step before building loaders), this rank's
+    share of it."""
+    start = trainer.global_step * samples_per_step if trainer is not None else 0
+    rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+    sampler = EpochShuffleSampler(len(ds), seed, start, rank, world)
+    return DataLoader(ds, batch_size=micro_batch_size, sampler=sampler)
+
+
 class LMDataModule(L.LightningDataModule):
     def __init__(
         self,
@@ -168,16 +178,8 @@ class LMDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self._check_batch(self.samples_per_step)
-        ds = self.train_dataset()
-        trainer = self.trainer
-        # On resume Lightning restores global_step before building loaders: continue the stream there.
-        start = trainer.global_step * self.samples_per_step if trainer is not None else 0
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return DataLoader(
-            ds,
-            batch_size=self.micro_batch_size,
-            sampler=EpochShuffleSampler(len(ds), self.seed, start, rank, world),
-        )
+        return stream_loader(self.train_dataset(), self.micro_batch_size, self.seed, self.samples_per_step,
+                             self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset(), batch_size=self.micro_batch_size, shuffle=False)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
-from .datamodule import EpochShuffleSampler
+from .datamodule import stream_loader
 
 log = logging.getLogger(__name__)
 
@@ -280,15 +280,8 @@ class ImageDataModule(L.LightningDataModule):
         return self.splits["test"]
 
     def train_dataloader(self) -> DataLoader:
-        ds = self.train_dataset()
-        trainer = self.trainer
-        start = trainer.global_step * self.samples_per_step if trainer is not None else 0
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return DataLoader(
-            ds,
-            batch_size=self.micro_batch_size,
-            sampler=EpochShuffleSampler(len(ds), self.seed, start, rank, world),
-        )
+        return stream_loader(self.train_dataset(), self.micro_batch_size, self.seed, self.samples_per_step,
+                             self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_dataset(), batch_size=self.micro_batch_size, shuffle=False)

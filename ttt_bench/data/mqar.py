@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
 from ..io import atomic_file
-from .datamodule import EpochShuffleSampler
+from .datamodule import stream_loader
 
 log = logging.getLogger(__name__)
 
@@ -310,12 +310,8 @@ class MQARDataModule(L.LightningDataModule):
         return MQARSequences(*self.data["validation"], max_sequences)
 
     def train_dataloader(self) -> DataLoader:
-        ds = self.train_dataset().with_loss_mask()
-        trainer = self.trainer
-        start = trainer.global_step * self.samples_per_step if trainer is not None else 0
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return DataLoader(ds, batch_size=self.micro_batch_size,
-                          sampler=EpochShuffleSampler(len(ds), self.seed, start, rank, world))
+        return stream_loader(self.train_dataset().with_loss_mask(), self.micro_batch_size, self.seed,
+                             self.samples_per_step, self.trainer)
 
     def val_dataloader(self) -> DataLoader:
         ds = self.val_dataset().with_loss_mask()
