@@ -321,6 +321,12 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
             "units_before": units_before, "init_from": init_from}
 
 
+def world_size(cfg: DictConfig) -> int:
+    """Processes of the run: nodes x devices per node (devices=-1: every GPU of the node)."""
+    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
+    return max(1, int(cfg.trainer.get("num_nodes", 1)) * devices)
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     run_dir = Path(run_dir)
     if task_name(cfg) == "image":
@@ -329,9 +335,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         if any(t in str(cfg[group].get("_target_", "")) for t in ("ViTClassifier", "ImageDataModule")):
             raise UserError(f"{group}={cfg[group].get('name')} is for image classification; add task=image")
     check_config(cfg)
-    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
-    world = int(cfg.trainer.get("num_nodes", 1)) * devices
-    geo = batch_geometry(cfg, max(1, world))
+    geo = batch_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
     dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
     tokens_before, init_from = run["units_before"], run["init_from"]
@@ -376,9 +380,7 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
     """`task=image`: a ViT classifier (MTTT or an attention baseline) on images; metrics.json has the
     validation and the held-out test accuracy, inner_losses.csv the mean inner loss per layer and step."""
     check_image_config(cfg)
-    devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
-    world = int(cfg.trainer.get("num_nodes", 1)) * devices
-    geo = image_geometry(cfg, max(1, world))
+    geo = image_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
     dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
     batch = cfg.data.micro_batch_size
