@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import logging
 import math
 import os
 import shutil
@@ -24,6 +25,7 @@ SUBCOMMANDS = {
     "ablate": "run a sweep into a results registry: ttt-bench ablate table1",
     "plot": "draw a paper figure from a registry: ttt-bench plot scaling",
     "bench": "measure speed: ttt-bench bench models",
+    "doctor": "what this machine supports: torch, CUDA, bf16, kernels, data folder, each model's kernel path",
 }
 
 
@@ -94,18 +96,31 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
 
     import ttt_bench.config  # noqa: F401  (registers resolvers)
 
+    argv_before = sys.argv
+    program = sys.argv[0]  # how this process was started: .../bin/ttt-bench, or cli/main.py under python -m
+
     def app(cfg):
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
+            # While the task runs, sys.argv is the command line again: Lightning's DDP/FSDP launcher starts
+            # the other ranks of a node as `python <sys.argv[0]> <sys.argv[1:]>` (`python -m <module> ...`
+            # under `python -m ttt_bench.cli.main`), plus the Hydra run folder: they need the subcommand.
+            sys.argv = [program, command, *args]
             return task(cfg, run_dir)
         except (UserError, InstantiationException, OmegaConfBaseException, ValueError, OSError) as e:
-            if not any(run_dir.glob("checkpoints/*.ckpt")):  # never leave a half-written run folder
+            from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+            from ttt_bench.training.run_folder import RunFolderInUse
+
+            busy = isinstance(e, RunFolderInUse)  # the folder is another process's
+            busy = busy or rank_zero_only.rank != 0  # a multi-process run's folder: rank 0 tidies up
+            if not busy and not any(run_dir.glob("checkpoints/*.ckpt")):  # no half-written run folder left
                 shutil.rmtree(run_dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     run_dir.parent.rmdir()  # runs/<run_name>/ when this was its only run
             fail(os_error(e) if isinstance(e, OSError) else one_line(e))
 
-    sys.argv = [f"ttt-bench {command}", *args]
+    sys.argv = [f"ttt-bench {command}", *args]  # Hydra's overrides (argv[1:]) and its name in messages
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us instead of Hydra's multi-line report
     try:
@@ -113,6 +128,7 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
     except (HydraException, OmegaConfBaseException) as e:
         fail(composition_error(e))
     finally:
+        sys.argv = argv_before
         if full_error is None:
             del os.environ["HYDRA_FULL_ERROR"]
 
@@ -157,8 +173,8 @@ def cmd_generate(args: list[str]) -> None:
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
-# ablate, plot and bench live in their own modules: cli/<name>.py with run(args: list[str]).
-MODULE_COMMANDS = ("ablate", "plot", "bench")
+# ablate, plot, bench and doctor live in their own modules: cli/<name>.py with run(args: list[str]).
+MODULE_COMMANDS = ("ablate", "plot", "bench", "doctor")
 
 
 def dispatch(command: str, args: list[str]) -> None:
@@ -171,8 +187,10 @@ def dispatch(command: str, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    noise = "LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec"
+    noise = "LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec|exists and is not empty"
     warnings.filterwarnings("ignore", message=f".*({noise}).*")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "Tip:" not in record.getMessage())  # Lightning's advertisement, at every fit
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: ttt-bench {" + ",".join(SUBCOMMANDS) + "} ...\n\nsubcommands (each has --help):")
         for name, text in SUBCOMMANDS.items():
@@ -190,6 +208,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(e))
     except (HydraException, OmegaConfBaseException) as e:  # e.g. bench's --set, --size
         fail(composition_error(e))
+    except BrokenPipeError:  # the reader went away (`ttt-bench ... | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(141)
     except OSError as e:  # a full disk, a missing or unreadable file
         fail(os_error(e))
 

@@ -176,6 +176,14 @@ MORE_CONFIG_ERRORS = [
      "data.tokenizer.vocab_size=100 must be an integer of at least 257"),
     (["data.corpus.train_docs=1", "data.corpus.mean_doc_bytes=200", "recipe.tokens_per_batch=512"],
      "has 5 sequences of data.seq_len=64, fewer than the 8 of one batch"),
+    (["recipe.tokens_per_batch=500"], "recipe.tokens_per_batch=500 is not a whole number of sequences of "
+     "data.seq_len=64 tokens; use a multiple, e.g. recipe.tokens_per_batch=512"),
+    (["recipe.lr=nan"], "recipe.lr=nan must be a positive number"),
+    (["recipe.lr=inf"], "recipe.lr=inf must be a positive number"),
+    (["recipe.min_lr=1.0"], "recipe.min_lr=1.0 must be a number between 0 and recipe.lr=0.003"),
+    (["recipe.min_lr=-1e-5"], "recipe.min_lr=-1e-05 must be a number between 0 and recipe.lr"),
+    (["recipe.warmup_fraction=1.5"], "recipe.warmup_fraction=1.5 must be a fraction of the steps in [0, 1)"),
+    (["recipe.warmup_fraction=nan"], "recipe.warmup_fraction=nan must be a fraction"),
 ]
 
 

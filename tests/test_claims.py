@@ -69,6 +69,11 @@ def test_table1_steps_hold_fail_and_are_inconclusive_within_noise():
     noisy = Results(table1=table1(PAPER_LIKE, spread=3.0), floors=FLOORS)
     v = verdict("table1.learnable_eta", noisy)
     assert v.status == INCONCLUSIVE and "within the seed spread" in v.sentence
+    v = verdict("table1.equivalence", Results(table1=table1(PAPER_LIKE, spread=1.0), floors=FLOORS))
+    assert v.status == INCONCLUSIVE and "wider than the equivalence margin" in v.sentence  # not equality
+    apart = PAPER_LIKE.copy()
+    apart[2] = 12.5
+    assert verdict("table1.equivalence", Results(table1=table1(apart), floors=FLOORS)).status == FAILS
 
 
 def test_one_seed_and_undertrained_runs_are_inconclusive_and_missing_rows_not_measured():

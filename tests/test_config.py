@@ -52,5 +52,9 @@ def test_recipe_is_the_papers_improved_recipe():
 
 def test_trainer_configs_use_lightning_strategies():
     assert compose("train", ["trainer=ddp"]).trainer.strategy == "ddp"
-    assert compose("train", ["trainer=fsdp"]).trainer.strategy._target_.endswith("FSDPStrategy")
+    assert compose("train", ["trainer=fsdp"]).trainer.strategy._target_.endswith("fsdp_strategy")
     assert compose("train", ["trainer=gpu"]).trainer.precision == "bf16-mixed"
+    # the multi-process trainers' precision follows the accelerator: float32 for CPU processes, as trainer=cpu
+    for trainer in ("ddp", "fsdp", "slurm"):
+        cfg = compose("train", [f"trainer={trainer}", "trainer.accelerator=cpu"])
+        assert cfg.trainer.precision == "32-true"

@@ -203,21 +203,40 @@ def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concur
     assert not list(tmp_path.glob(".registry.csv.*"))  # no temporary files left behind
 
 
-def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_composed_configs():
-    """PROFILE=paper: the Llama tokenizer, bf16-mixed on the GPU trainer, the paper recipe with 0.5M tokens
-    per batch; every planned run's cost is the FLOPs of the config it composes, over its token budget."""
+@pytest.mark.slow  # composes all 421 runs of the paper profile: about 100 s on 2 busy cores
+def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_composed_configs(monkeypatch,
+                                                                                              tmp_path):
+    """PROFILE=paper: its plan (what `make reproduce PROFILE=paper` prints without a GPU) holds exactly the
+    runs the pipeline trains on a GPU, every step's sweeps, each composed; the Llama tokenizer, bf16-mixed on
+    the GPU trainer, the paper recipe with 0.5M tokens per batch for the language-model sweeps; every planned
+    run's cost is the FLOPs of the config it composes, over its token (or image) budget."""
     require_models()
     from omegaconf import OmegaConf
 
+    from ttt_bench import reproduce
     from ttt_bench.config import compose
     from ttt_bench.flops import flops_per_token
-    from ttt_bench.reproduce import LLAMA_VOCAB, paper_plan
+    from ttt_bench.reproduce import LLAMA_VOCAB, STEPS, paper_plan
 
     plan = paper_plan("/data")
-    assert set(plan["sweep"]) == {"table1", "minibatch", "scaling"}
-    assert set(plan["tokenizer"]) == {"meta-llama/Llama-2-7b-hf"} and set(plan["precision"]) == {"bf16-mixed"}
-    assert set(plan["tokens_per_batch"]) == {524288}
-    for row in plan.sample(8, random_state=0).itertuples():
+    # what main() trains with a GPU: the runs it plans its progress over, every step's runner a no-op
+    trained = []
+    monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
+    root = (tmp_path / "runs").resolve()
+    monkeypatch.setattr(sweeps.Progress, "plan", lambda self, runs, out: trained.extend(
+        (str(out.relative_to(root)), name, run["overrides"]) for name, run in runs.items()))
+    for step in STEPS:
+        monkeypatch.setitem(reproduce.RUNNERS, step, lambda ctx: None)
+    monkeypatch.setattr(reproduce, "write_report", lambda *a: tmp_path / "REPORT.md")
+    reproduce.main(["--profile", "paper", "--data-dir", "/data", "--out", str(tmp_path),
+                    "--runs", str(tmp_path / "runs")])
+    assert sorted(trained) == sorted(zip(plan["folder"], plan["run"], plan["overrides"], strict=True))
+    assert set(plan["sweep"]) == set(STEPS) - {"latency"} and len(plan) == len(trained)
+
+    assert set(plan["precision"]) == {"bf16-mixed"}
+    lm = plan[plan["sweep"].isin(["table1", "minibatch", "scaling"])]
+    assert set(lm["tokenizer"]) == {"meta-llama/Llama-2-7b-hf"} and set(lm["tokens_per_batch"]) == {524288}
+    for row in lm.sample(6, random_state=0).itertuples():
         cfg = compose("train", row.overrides)
         assert (
             cfg.recipe.name in ("paper", "finetune")
@@ -227,6 +246,14 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
         model = OmegaConf.to_container(cfg.model, resolve=True)
         cost = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)["train"] * cfg.recipe.total_tokens
         assert row.train_flops == pytest.approx(cost) and row.seq_len == cfg.data.seq_len
+    recall = plan[plan["sweep"] == "recall"].iloc[0]  # MQAR: its own token range, not Llama's
+    cfg = compose("train", recall.overrides)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    cost = flops_per_token(model, cfg.data.seq_len, cfg.data.vocab_size)["train"] * cfg.recipe.total_tokens
+    assert recall.train_flops == pytest.approx(cost)
+    images = plan[plan["sweep"].str.startswith("mttt")]
+    assert (images["train_flops"] > 0).all() and images["images"].notna().all()
+    assert images["tokens"].isna().all()
 
 
 def test_readme_results_block_is_made_from_the_verdicts(tmp_path):

@@ -67,3 +67,18 @@ def test_cpu_ladder_spans_16x():
             model = instantiate(compose("train", [f"size={size}"]).model, vocab_size=257)
         counts.append(model.num_params(non_embedding=True))
     assert counts == sorted(counts) and counts[-1] / counts[0] >= 16 and 0.1e6 < counts[0] < 0.4e6
+
+
+@pytest.mark.parametrize("backbone", ["mamba", "transformer"])
+def test_the_authors_flags_are_options_with_backbone_defaults(backbone):
+    """pre_conv, share_qk and use_gate default to the backbone's (all on in Mamba's, off in the
+    Transformer's) and each can be set on its own (test_ttt_faithfulness.py: the same function as theirs)."""
+    def block(*flags):
+        cfg = compose("train", ["model=ttt_linear", "size=xs", f"model.block.backbone={backbone}", *flags])
+        return instantiate(cfg.model, vocab_size=64).blocks[0]
+
+    flags = lambda b: (b.pre_conv is not None, b.ttt.share_qk, b.ttt.g_proj is not None)
+    mamba = backbone == "mamba"
+    assert flags(block()) == (mamba,) * 3
+    mixed = block(f"model.block.share_qk={not mamba}", f"model.block.use_gate={not mamba}")
+    assert flags(mixed) == (mamba, not mamba, not mamba)

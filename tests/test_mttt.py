@@ -317,6 +317,7 @@ def fake_registry(accuracies: dict, seeds: int = 3):
         for s in range(seeds):
             rows.append(
                 {
+                    "run": f"{config}-s{s}",
                     "config": config,
                     "seed": s,
                     "status": "finished",
@@ -334,6 +335,8 @@ def fake_registry(accuracies: dict, seeds: int = 3):
 
 
 def test_mttt_table_and_claims():
+    import pandas as pd
+
     from ttt_bench.experiments.claims import Results, judge_all
     from ttt_bench.experiments.mttt import mttt_table
 
@@ -355,3 +358,20 @@ def test_mttt_table_and_claims():
     assert verdicts.loc["mttt.mlp_beats_linear_attention", "verdict"] == "holds"
     assert verdicts.loc["mttt.pixels_gap", "verdict"] == "holds"
     assert verdicts.loc["mttt.ablation_ln", "verdict"] == "not measured"
+    linear = pd.DataFrame({"floor": ["linear classifier on the pixels"], "test_acc": [72.0]})
+    floors = {"mttt_patches": linear}
+    v = judge_all(Results(mttt={"mttt_patches": patches}, mttt_floors=floors)).set_index("id")
+    assert v.loc["mttt.mlp_beats_linear_attention", "verdict"] == "inconclusive"  # linear attention <= 72%
+    assert "do not beat the linear classifier on the pixels (72.0%): under-trained" in \
+        v.loc["mttt.mlp_beats_linear_attention", "evidence"]
+    assert v.loc["mttt.more_steps", "verdict"] == "holds"  # both rows above the floor
+
+
+def test_image_floors_on_the_runs_own_split():
+    from ttt_bench.experiments.mttt import floors_text, image_floors, mttt_table
+
+    floors = image_floors(["task=image", "data=synthetic_images", "model=mttt_mlp"])
+    assert floors["majority class"] < 20 < floors["linear classifier on the pixels"] <= 100
+    table, _ = mttt_table(fake_registry({"linear_attention": 0.10, "mttt_mlp": 1.0}))
+    assert "Under-trained** (not above the linear floor): linear_attention." in floors_text(floors, table)
+

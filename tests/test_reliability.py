@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import zstandard
 from omegaconf import OmegaConf
 from ttt_bench.cli.main import main
 
@@ -19,6 +20,7 @@ from ttt_bench.data.token_cache import cache_key, load_tokens
 from ttt_bench.errors import UserError
 from ttt_bench.io import write_json
 from ttt_bench.training.module import LitLM
+from ttt_bench.training.run_folder import locked
 
 # 8 steps of 8 sequences of 64 tokens (2 micro-batches of 4 accumulated), a checkpoint every step.
 RUN = ["size=xs", "data.corpus.train_docs=20", "data.corpus.validation_docs=4",
@@ -32,10 +34,11 @@ def train_in_process(*overrides: str) -> None:
     main(["train", *RUN, *overrides])
 
 
-def train_killed(*overrides: str) -> None:
-    """A training process that SIGKILLs itself through the fault.* hook."""
-    proc = subprocess.run([sys.executable, "-m", "ttt_bench.cli.main", "train", *RUN, *overrides],
-                          capture_output=True, text=True, timeout=300)
+def train_killed(step: int, where: str, *overrides: str) -> None:
+    """A training process that SIGKILLs itself at optimizer step `step`, during the step or during the
+    write of its checkpoint (tests/faults.py)."""
+    proc = subprocess.run([sys.executable, "-m", "tests.faults", str(step), where, "train", *RUN, *overrides],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
     assert proc.returncode == -9, proc.stderr[-3000:]
 
 
@@ -72,31 +75,33 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     each resume with the same command reaches the parameters, optimizer and LR state, and per-step losses of
     an uninterrupted run, bitwise. A resume from an explicit ckpt_path= does too."""
     ref, chain, explicit = tmp_path / "ref", tmp_path / "chain", tmp_path / "explicit"
-    train_in_process(f"paths.runs={ref}")
+    evals = ["eval_every_n_steps=2", "trainer.log_every_n_steps=2"]  # step 3's kill resumes from a validation
+    train_in_process(f"paths.runs={ref}", *evals)
     reference = run_dir(ref)
 
-    train_killed(f"paths.runs={chain}", "fault.kill_at_step=3")
+    train_killed(3, "step", f"paths.runs={chain}", *evals)
     folder = run_dir(chain)
     names = sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt"))
     assert names == ["last.ckpt", "step-1.ckpt", "step-2.ckpt"]
-    train_killed(f"paths.runs={chain}", "fault.kill_at_step=5", "fault.kill_during=checkpoint_write")
+    train_killed(5, "checkpoint_write", f"paths.runs={chain}", *evals)
     assert not (folder / "checkpoints" / "step-5.ckpt").exists()  # the half-written file never got its name
     assert len(list((folder / "checkpoints").glob(".step-5.ckpt.*.tmp"))) == 1
-    train_killed(f"paths.runs={chain}", "fault.kill_at_step=7")
+    train_killed(7, "step", f"paths.runs={chain}", *evals)
     last = folder / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 3])  # as a crashed non-atomic write would
-    train_in_process(f"paths.runs={chain}")
+    train_in_process(f"paths.runs={chain}", *evals)
 
     log = (folder / "main.log").read_text()
     assert "last.ckpt is unreadable" in log
     assert "resuming " + str(folder / "checkpoints" / "step-6.ckpt") in log
     assert (folder / "losses.csv").read_text() == (reference / "losses.csv").read_text()
     assert len((reference / "losses.csv").read_text().splitlines()) == 1 + 8
+    assert (folder / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()  # every row once
     assert_identical(final_state(folder), final_state(reference))
     assert json.loads((folder / "metrics.json").read_text())["val_loss"] == \
         json.loads((reference / "metrics.json").read_text())["val_loss"]
 
-    train_in_process(f"paths.runs={explicit}", f"ckpt_path={folder / 'checkpoints' / 'step-4.ckpt'}")
+    train_in_process(f"paths.runs={explicit}", *evals, f"ckpt_path={folder / 'checkpoints' / 'step-4.ckpt'}")
     assert_identical(final_state(run_dir(explicit)), final_state(reference))
     rows = (run_dir(explicit) / "losses.csv").read_text().splitlines()
     assert rows[1:] == (reference / "losses.csv").read_text().splitlines()[5:]
@@ -118,6 +123,43 @@ def test_the_final_model_is_saved_when_max_steps_is_not_a_multiple_of_the_interv
                      f"ckpt_path={folder / 'checkpoints' / 'step-3.ckpt'}")
     assert not list((folder / "checkpoints").glob("last-v*.ckpt"))
     assert_identical(final_state(folder)["state_dict"], step8["state_dict"])
+
+
+def write_pile(folder: Path, word: str) -> None:
+    """A tiny corpus in the Pile's format (zstd JSON lines) at <folder>/pile-mini/."""
+    docs = b"".join(json.dumps({"text": f"{word} " * 500 + str(i)}).encode() + b"\n" for i in range(12))
+    for split in ("train", "validation"):
+        path = folder / "pile-mini" / f"{split}.jsonl.zst"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(zstandard.ZstdCompressor().compress(docs))
+
+
+def test_a_run_folder_is_locked_and_tied_to_its_data(tmp_path, capsys):
+    """A second process on a busy run folder gets a one-line error and leaves the folder alone; the same
+    command on other data (another paths.data_dir) refuses the folder of the run trained on the first."""
+    write_pile(tmp_path / "a", "alpha")
+    write_pile(tmp_path / "b", "beta")
+    command = ["train", "data=pile", "size=xs", "data.seq_len=64", "data.micro_batch_size=4",
+               "recipe.tokens_per_batch=256", "data.val_tokens=512", "data.num_proc=1", "trainer.max_steps=2",
+               "trainer.enable_progress_bar=false", f"paths.runs={tmp_path / 'runs'}"]
+    main([*command, f"paths.data_dir={tmp_path / 'a'}"])
+    folder = run_dir(tmp_path / "runs")
+    metrics = (folder / "metrics.json").read_text()
+    assert "alpha" not in metrics and str(tmp_path / "a") in (folder / "identity.json").read_text()
+
+    with locked(folder), pytest.raises(SystemExit) as exit_:
+        main([*command, f"paths.data_dir={tmp_path / 'a'}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "is in use by process" in err
+    assert (folder / "metrics.json").read_text() == metrics
+    assert (folder / "checkpoints" / "last.ckpt").exists()
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, f"paths.data_dir={tmp_path / 'b'}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "holds another run" in err
+    assert "data.corpus.train_files was " + str(tmp_path / "a") in err
+    assert (folder / "metrics.json").read_text() == metrics
 
 
 @pytest.fixture

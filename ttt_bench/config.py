@@ -36,10 +36,16 @@ def _slug(overrides: str) -> str:
     return safe[:100] + "-" + hashlib.sha256(overrides.encode()).hexdigest()[:12]
 
 
-def _gpu_precision() -> str:
-    """Mixed precision for GPU trainers: bf16 where supported (Ampere and later), fp16 otherwise."""
+def _gpu_precision(accelerator: str = "gpu") -> str:
+    """The precision of the GPU trainers (gpu, ddp, fsdp, slurm) for the accelerator they run on: mixed
+    precision on a GPU, bf16 where supported (Ampere and later), fp16 otherwise; float32 on CPU processes
+    (`trainer=ddp trainer.accelerator=cpu`), as `trainer=cpu` trains: a multi-process CPU run then computes
+    what the single-process CPU runs of the project compute. `trainer.precision=bf16-mixed` still asks for
+    mixed precision explicitly."""
     import torch
 
+    if str(accelerator) == "cpu":
+        return "32-true"
     return "bf16-mixed" if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else "16-mixed"
 
 

@@ -42,33 +42,74 @@ LLAMA_VOCAB = 32000  # the paper's tokenizer (data.tokenizer.name of the paper p
 STEPS = ("table1", "minibatch", "scaling", "latency", "recall", "longrange")
 
 
-def paper_plan(data_dir: str | None) -> pd.DataFrame:
-    """Every run of the paper-scale grid with the config it composes and its training cost."""
+def planned_runs(profile: str, data_dir: str | None, steps=None) -> list[tuple[str, str, dict]]:
+    """(step, run folder, runs of plan_sweep) of every sweep that `make reproduce PROFILE=<profile>` trains,
+    in its order: what `main` plans its progress over and the steps' runners then train (latency trains
+    nothing; the recall step trains its calibration grid, then its grid at the chosen learning rates)."""
+    return [(step, folder, plan_sweep(step, profile, data_dir, **options))
+            for step in (STEPS if steps is None else steps) if step != "latency"
+            for folder, options in sweep_folders(step, profile)]
+
+
+def vocab_size(cfg) -> int:
+    """The vocabulary a language-model run trains with, from its config alone (no tokenizer is loaded): the
+    paper's Llama tokenizer for Hugging Face tokenizers (the paper profile's only one), MQAR's token range,
+    a BPE's trained size, 256 bytes + end of document."""
+    data = cfg.data
+    if "MQARDataModule" in str(data.get("_target_", "")):
+        return int(data.vocab_size)
+    kind = data.tokenizer.get("kind")
+    if kind == "hf":
+        return LLAMA_VOCAB
+    return int(data.tokenizer.vocab_size) if kind == "bpe" else 257
+
+
+def run_cost(cfg, cache: dict | None = None) -> dict:
+    """What one run trains and its FLOPs, from its composed config: language models by flops.py's analytic
+    count per token over the token budget; image models (MTTT) by FlopCounterMode over one image, forward and
+    backward (vision/flops.py), over the images of the recipe. `cache`: costs already computed, by the
+    model and geometry (seeds share them)."""
     from omegaconf import OmegaConf
 
-    from .config import compose
     from .flops import flops_per_token
 
-    rows = []
-    for sweep in ("table1", "minibatch", "scaling"):
-        for name, spec in plan_sweep(sweep, "paper", data_dir).items():
+    cache = {} if cache is None else cache
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    if (OmegaConf.select(cfg, "task.name") or "lm") == "image":
+        from hydra.utils import instantiate
+
+        from .vision.flops import count_flops
+
+        dm = instantiate(cfg.data)  # the geometry only: no image is read
+        key = json.dumps([model, dm.token_dim, dm.num_tokens, dm.num_classes], sort_keys=True, default=str)
+        if key not in cache:
+            net = instantiate(cfg.model, num_classes=dm.num_classes, token_dim=dm.token_dim,
+                              num_tokens=dm.num_tokens)
+            cache[key] = count_flops(net, dm.token_dim, dm.num_tokens, backward=True)
+        images = float(cfg.recipe.total_images)
+        return {"tokens": float("nan"), "images": images, "train_flops": cache[key] * images,
+                "seq_len": int(dm.num_tokens), "tokenizer": None}
+    tokens, seq_len, vocab = float(cfg.recipe.total_tokens), int(cfg.data.seq_len), vocab_size(cfg)
+    key = json.dumps([model, seq_len, vocab], sort_keys=True, default=str)
+    if key not in cache:
+        cache[key] = flops_per_token(model, seq_len, vocab)["train"]
+    return {"tokens": tokens, "images": float("nan"), "train_flops": cache[key] * tokens, "seq_len": seq_len,
+            "tokenizer": cfg.data.tokenizer.get("name") if "tokenizer" in cfg.data else None}
+
+
+def paper_plan(data_dir: str | None) -> pd.DataFrame:
+    """Every run that `make reproduce PROFILE=paper` trains (planned_runs: every step's sweeps), with the
+    config it composes and its training cost."""
+    from .config import compose
+
+    rows, cache = [], {}
+    for step, folder, runs in planned_runs("paper", data_dir):
+        for name, spec in runs.items():
             cfg = compose("train", spec["overrides"])
-            tokens = float(cfg.recipe.total_tokens)
-            model = OmegaConf.to_container(cfg.model, resolve=True)
-            per_token = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)
-            rows.append(
-                {
-                    "sweep": sweep,
-                    "run": name,
-                    "tokens": tokens,
-                    "train_flops": per_token["train"] * tokens,
-                    "seq_len": int(cfg.data.seq_len),
-                    "tokenizer": cfg.data.tokenizer.get("name"),
-                    "precision": str(cfg.trainer.precision),
-                    "tokens_per_batch": int(cfg.recipe.tokens_per_batch),
-                    "overrides": spec["overrides"],
-                }
-            )
+            rows.append({"sweep": step, "folder": folder, "run": name, **run_cost(cfg, cache),
+                         "precision": str(cfg.trainer.precision),
+                         "tokens_per_batch": int(cfg.recipe.get("tokens_per_batch") or 0),
+                         "overrides": spec["overrides"]})
     df = pd.DataFrame(rows)
     df["gpu_hours"] = df["train_flops"] / (A100_BF16_FLOPS * ASSUMED_MFU) / 3600
     return df
@@ -365,6 +406,7 @@ def read_results(out: Path) -> Results:
         fact_recall=csv("longrange", "fact_recall.csv"),
         mttt={m: csv(m, "registry.csv") for m in MTTT_SWEEPS},
         mttt_inner={m: csv(m, "inner_loss.csv") for m in MTTT_SWEEPS},
+        mttt_floors={m: csv(m, "image_floors.csv") for m in MTTT_SWEEPS},
         floors=pd.concat(floors, ignore_index=True).drop_duplicates(["role", "seq_len", "floor"])
         if floors
         else None,
@@ -497,14 +539,15 @@ def main(argv: list[str] | None = None) -> None:
     if a.profile == "paper" and not torch.cuda.is_available():
         plan = paper_plan(a.data_dir)
         print(
-            plan.groupby("sweep")[["tokens", "train_flops", "gpu_hours"]]
-            .sum()
+            plan.groupby("sweep")[["tokens", "images", "train_flops", "gpu_hours"]]
+            .sum(min_count=1)
             .assign(runs=plan.groupby("sweep").size())
             .to_string(float_format="{:.3g}".format)
         )
         print(
-            f"total: {len(plan)} runs, {plan['tokens'].sum():.3g} tokens, {plan['train_flops'].sum():.3g} "
-            f"FLOPs, ~{plan['gpu_hours'].sum():.0f} A100-hours at {ASSUMED_MFU:.0%} MFU. "
+            f"total: {len(plan)} runs, {plan['tokens'].sum():.3g} tokens and {plan['images'].sum():.3g} "
+            f"images, {plan['train_flops'].sum():.3g} FLOPs, ~{plan['gpu_hours'].sum():.0f} A100-hours at "
+            f"{ASSUMED_MFU:.0%} MFU. "
             "No GPU here: nothing was run."
         )
         return
@@ -514,9 +557,8 @@ def main(argv: list[str] | None = None) -> None:
     if not a.report_only:
         runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
         progress = Progress()
-        for s in steps:
-            for folder, options in sweep_folders(s, a.profile) if s != "latency" else []:
-                progress.plan(plan_sweep(s, a.profile, a.data_dir, **options), (runs / folder).resolve())
+        for _, folder, planned in planned_runs(a.profile, a.data_dir, steps):
+            progress.plan(planned, (runs / folder).resolve())
         ctx = {
             "profile": a.profile,
             "data_dir": a.data_dir,

@@ -5,4 +5,5 @@ SUITES = {
     "models": "prefill/decode latency vs context, training throughput and MFU, peak memory of whole models",
     "forms": "TTT-Linear forward+backward: primal vs dual form (and the Triton kernel on CUDA)",
     "scan": "Mamba's selective scan: C++ kernel vs chunked vs sequential vs mambapy (forward+backward, CPU)",
+    "step": "one optimizer step of each language model at a paper size (125m): time and peak memory (CPU)",
 }

@@ -63,8 +63,15 @@ def stream_loader(ds: Dataset, micro_batch_size: int, seed: int, samples_per_ste
     share of it."""
     start = trainer.global_step * samples_per_step if trainer is not None else 0
     rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-    sampler = EpochShuffleSampler(len(ds), seed, start, rank, world)
-    return DataLoader(ds, batch_size=micro_batch_size, sampler=sampler)
+    return loader(ds, micro_batch_size, EpochShuffleSampler(len(ds), seed, start, rank, world))
+
+
+def loader(ds: Dataset, micro_batch_size: int, sampler: Sampler | None = None) -> DataLoader:
+    """A DataLoader with a generator of its own: making its iterator draws a seed from it rather than from
+    the global torch RNG, so a validation pass or a resume never shifts the RNG state that checkpoints keep
+    (a run resumed at any step has the RNG states of an uninterrupted one)."""
+    generator = torch.Generator().manual_seed(0)
+    return DataLoader(ds, batch_size=micro_batch_size, sampler=sampler, generator=generator)
 
 
 class LMDataModule(L.LightningDataModule):
@@ -106,6 +113,7 @@ class LMDataModule(L.LightningDataModule):
         self.tokenizer = None
         self.tokens: dict[str, np.ndarray] = {}
         self.meta: dict[str, dict] = {}
+        self.fingerprint: str | None = None  # set by prepare_data
         self.samples_per_step = 0  # sequences per optimizer step (all ranks); set by the trainer set-up
 
     # -- preparation ------------------------------------------------------------------------------
@@ -126,7 +134,7 @@ class LMDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         tok = self.build_tokenizer()
-        key = cache_key(self.corpus, tok)
+        key = self.fingerprint = cache_key(self.corpus, tok)  # the corpus' content and the tokenizer
         for split in ("train", "validation"):
             loaded = load_tokens(self.cache_dir, key, split)
             if loaded is None:
@@ -182,7 +190,7 @@ class LMDataModule(L.LightningDataModule):
                              self.trainer)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset(), batch_size=self.micro_batch_size, shuffle=False)
+        return loader(self.val_dataset(), self.micro_batch_size)
 
     def bytes_per_token(self, split: str = "validation") -> float:
         meta = self.meta[split]

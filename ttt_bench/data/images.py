@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
-from .datamodule import stream_loader
+from .datamodule import loader, stream_loader
 
 log = logging.getLogger(__name__)
 
@@ -284,4 +284,4 @@ class ImageDataModule(L.LightningDataModule):
                              self.trainer)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_dataset(), batch_size=self.micro_batch_size, shuffle=False)
+        return loader(self.val_dataset(), self.micro_batch_size)

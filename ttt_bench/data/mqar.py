@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
 from ..io import atomic_file
-from .datamodule import stream_loader
+from .datamodule import loader, stream_loader
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ class MQARDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         ds = self.val_dataset().with_loss_mask()
-        return DataLoader(ds, batch_size=self.micro_batch_size, shuffle=False)
+        return loader(ds, self.micro_batch_size)
 
     def bytes_per_token(self, split: str = "validation") -> float:
         """Tokens are not text: 1, so val_bpb reads as bits per token."""

@@ -35,6 +35,7 @@ class Results:
     fact_recall: pd.DataFrame | None = None  # experiments/longrange.py: method, seed, kind, distance, loss, n
     mttt: dict | None = None  # MTTT: sweep name -> registry (experiments/mttt.py)
     mttt_inner: dict | None = None  # MTTT: sweep name -> config, layer, step, inner_loss
+    mttt_floors: dict | None = None  # MTTT: sweep name -> floor, test_acc (%)
 
 
 @dataclass
@@ -93,11 +94,19 @@ def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None) -> list[str]:
     return out
 
 
-def _status(sign: int | None, expect: str) -> str:
+# "a = b" holds when the whole 95% interval of the difference lies within +-EQUIVALENCE_MARGIN of b's mean
+# (an equivalence test, as two one-sided tests at 2.5% each); an interval that merely contains 0 is no
+# evidence of equality, only of too few seeds.
+EQUIVALENCE_MARGIN = 0.05
+
+
+def _status(d, expect: str, reference: float) -> str:
+    sign = d.sign()
     if sign is None:
         return INCONCLUSIVE
     if expect == "=":
-        return HOLDS if sign == 0 else FAILS
+        margin = EQUIVALENCE_MARGIN * abs(reference)
+        return FAILS if sign != 0 else (HOLDS if -margin <= d.lo and d.hi <= margin else INCONCLUSIVE)
     want = -1 if expect == "<" else 1
     return HOLDS if sign == want else (INCONCLUSIVE if sign == 0 else FAILS)
 
@@ -116,13 +125,19 @@ def compare(
         missing = " and ".join(n for n, d in zip(names, (a, b), strict=True) if d.empty)
         return Verdict(MISSING, f"no finished runs of {missing}")
     d = difference(a[value], b[value])
-    status = _status(d.sign(), expect)
+    status = _status(d, expect, b[value].mean())
     under = undertrained(pd.concat([a, b]), floors) if value == "val_ppl" else []
     why = ""
     if under:
         status, why = INCONCLUSIVE, f"; {len(under)} of the runs do not beat the bigram floor (under-trained)"
     elif d.lo is None:
         why = "; one seed: no interval"
+    elif status == INCONCLUSIVE and expect == "=":
+        margin = EQUIVALENCE_MARGIN * abs(b[value].mean())
+        why = (f"; no difference shown, but the interval is wider than the equivalence margin +-{margin:.3g} "
+               f"({EQUIVALENCE_MARGIN:.0%} of {names[1]})")
+    elif status == HOLDS and expect == "=":
+        why = f"; within the equivalence margin +-{EQUIVALENCE_MARGIN * abs(b[value].mean()):.3g}"
     elif status == INCONCLUSIVE:
         why = "; the difference is within the seed spread"
     sentence = (
@@ -199,7 +214,7 @@ def largest_gain(r: Results) -> Verdict:
     best = min(means, key=means.get)
     runner = min((k for k in means if k != "minibatch"), key=means.get)
     d = difference(gains["minibatch"], gains[runner])
-    status = _status(d.sign(), "<")
+    status = _status(d, "<", 0.0)
     under = undertrained(finished(r.table1), r.floors)
     if under:
         status = INCONCLUSIVE

@@ -133,7 +133,7 @@ def inner_loss_table(reg: pd.DataFrame | None) -> pd.DataFrame:
 
 def _accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
     def judge(r):
-        from .claims import MISSING, Verdict, compare
+        from .claims import INCONCLUSIVE, MISSING, Verdict, compare
 
         reg = (r.mttt or {}).get(sweep) if isinstance(r.mttt, dict) else None
         df = _finished(reg)
@@ -141,17 +141,26 @@ def _accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
             return Verdict(MISSING, f"no finished {sweep} runs")
         df["test_acc_pct"] = df["test_accuracy"] * 100  # in %, as the paper's
         label = lambda c: str(df.loc[df["config"] == c, "label"].iloc[0]) if (df["config"] == c).any() else c
-        return compare(
-            df[df["config"] == a],
-            df[df["config"] == b],
-            (label(a), label(b)),
-            expect,
-            None,
-            paper=paper,
-            value="test_acc_pct",
-        )
+        rows = df[df["config"].isin([a, b])]
+        v = compare(rows[rows["config"] == a], rows[rows["config"] == b], (label(a), label(b)), expect, None,
+                    paper=paper, value="test_acc_pct")
+        floor = linear_floor(r, sweep)
+        below = [] if floor is None else rows.loc[rows["test_acc_pct"] <= floor, "run"].tolist()
+        if below and v.status != MISSING:  # as the language models' bigram floor: under-trained runs
+            why = f"{len(below)} of the runs do not beat the linear classifier on the pixels ({floor:.1f}%)"
+            v = Verdict(INCONCLUSIVE, f"{v.sentence}; {why}: under-trained",
+                        {**v.numbers, "undertrained": below})
+        return v
 
     return judge
+
+
+def linear_floor(r, sweep: str) -> float | None:
+    """The linear classifier's test accuracy (%) on a sweep's images (image_floors.csv), if measured."""
+    floors = (r.mttt_floors or {}).get(sweep) if isinstance(r.mttt_floors, dict) else None
+    if floors is None or floors.empty:
+        return None
+    return float(floors.set_index("floor")["test_acc"].get("linear classifier on the pixels", np.nan))
 
 
 def _gap_larger_on_pixels(r):
@@ -344,12 +353,53 @@ def plot_inner_loss(inner: pd.DataFrame, path: Path) -> bool:
     return True
 
 
+def image_floors(overrides: list[str]) -> dict[str, float]:
+    """Test accuracy (%) of the baselines a reviewer asks for, on a run's own data, resolution and split: the
+    training split's majority class, and a linear classifier on the pixels the models see (ridge regression
+    onto one-hot labels in closed form, its penalty chosen on the validation split)."""
+    import torch
+    from hydra.utils import instantiate
+
+    from ..config import compose
+
+    dm = instantiate(compose("train", overrides).data)
+    dm.prepare_data()
+
+    def xy(ds):
+        x = torch.cat([b["tokens"].flatten(1) for b in ds.batches(4096)]).double()
+        return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1), ds.labels
+
+    splits = (dm.train_dataset(), dm.val_dataset(), dm.test_dataset())
+    (xtr, ytr), (xva, yva), (xte, yte) = (xy(d) for d in splits)
+    gram, target = xtr.T @ xtr, xtr.T @ torch.nn.functional.one_hot(ytr, dm.num_classes).double()
+    solve = lambda lam: torch.linalg.solve(gram + lam * torch.eye(len(gram), dtype=gram.dtype), target)
+    accuracy = lambda w, x, y: 100 * ((x @ w).argmax(1) == y).double().mean().item()
+    best = max((10.0**k for k in range(-2, 5)), key=lambda lam: accuracy(solve(lam), xva, yva))
+    return {"majority class": 100 * (yte == ytr.mode().values).double().mean().item(),
+            "linear classifier on the pixels": accuracy(solve(best), xte, yte)}
+
+
+def floors_text(floors: dict[str, float], table: pd.DataFrame) -> str:
+    """The floors under a table, and the rows that do not beat the linear one (under-trained)."""
+    linear = floors["linear classifier on the pixels"]
+    below = [r.label for r in table.itertuples() if not r.test_acc > linear]
+    text = "Floors on the same images and split: " + ", ".join(f"{k} {v:.1f}%" for k, v in floors.items())
+    return text + (f". **Under-trained** (not above the linear floor): {', '.join(below)}.\n" if below else
+                   ". Every row is above the linear floor.\n")
+
+
 def step_mttt(name: str, ctx: dict, sweep_step) -> None:
-    """One MTTT table as a reproduce step: the sweep, its table beside the paper's, the inner losses."""
+    """One MTTT table as a reproduce step: the sweep, its table beside the paper's and the accuracy floors,
+    the inner losses."""
+    import shlex
+
     from ..io import write_atomic
 
     step, reg = sweep_step(name, ctx)
     table, md = mttt_table(reg)
+    floors = image_floors(shlex.split(reg["overrides"].iloc[0]))
+    step.csv("image_floors.csv", pd.DataFrame([{"floor": k, "test_acc": v} for k, v in floors.items()]))
+    md += "\n" + floors_text(floors, table)
     step.csv(f"{name}_table.csv", table)
     write_atomic(step.dir / f"{name}.md", md)
     inner = inner_loss_table(reg)

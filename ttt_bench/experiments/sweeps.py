@@ -13,6 +13,8 @@ failed run is recorded and does not stop the sweep. Runs with `after` (TF finetu
 they depend on has finished.
 """
 
+import copy
+import functools
 import json
 import logging
 import shlex
@@ -111,11 +113,17 @@ def plan_minibatch(sweep: dict, profile: str, data_dir: str | None) -> dict:
 
 
 def _model_cfg(overrides: list[str]) -> tuple[dict, int]:
+    model, seq_len = _composed_model(_without_seed(overrides))
+    return copy.deepcopy(model), seq_len
+
+
+@functools.cache
+def _composed_model(overrides: tuple[str, ...]) -> tuple[dict, int]:
     from omegaconf import OmegaConf
 
     from ..config import compose
 
-    cfg = compose("train", overrides)
+    cfg = compose("train", list(overrides))
     return OmegaConf.to_container(cfg.model, resolve=True), int(cfg.data.seq_len)
 
 
@@ -539,12 +547,23 @@ CPU_TRAIN_FLOPS = 30e9
 
 def estimate(spec: dict) -> dict:
     """A planned run's tokens, training FLOPs (flops.py) and minutes at CPU_TRAIN_FLOPS."""
+    return dict(_estimate(_without_seed(spec["overrides"])))
+
+
+def _without_seed(overrides: list[str]) -> tuple[str, ...]:
+    """The overrides that set a run's cost and model (the seed sets neither): a key for composing once per
+    group of seeds."""
+    return tuple(o for o in overrides if not o.startswith("seed="))
+
+
+@functools.cache
+def _estimate(overrides: tuple[str, ...]) -> dict:
     from omegaconf import OmegaConf
 
     from ..config import compose
     from ..flops import flops_per_token
 
-    cfg = compose("train", spec["overrides"])
+    cfg = compose("train", list(overrides))
     if cfg.get("task", {}).get("name") == "image":  # MTTT: images, FLOPs counted (experiments/mttt.py)
         from .mttt import estimate_image
 

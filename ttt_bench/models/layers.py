@@ -123,11 +123,14 @@ class DepthwiseConv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         (C, k), pad, T_in = weight.shape, ctx.pad, x.shape[1]
         dy = dy.contiguous()
-        # dx_s = sum_j weight_j dy_{s + pad - j}: dy convolved with the flipped kernel, k - 1 zeros each side
-        flipped = weight.flip(1)[:, None, :, None]
+        # dx_s = sum_j weight_j dy_{s + pad - j}: dy convolved with the flipped kernel, k - 1 zeros each side.
+        # Under autocast (bf16-mixed) the forward's conv2d ran in bf16 and dy is bf16: so does this one (the
+        # backward runs outside autocast); autograd casts each gradient to its input's dtype.
+        flipped = weight.flip(1)[:, None, :, None].to(dy.dtype)
         dx = _as_tokens(F.conv2d(_as_image(dy), flipped, padding=(k - 1, 0), groups=C))[:, pad : pad + T_in]
         dweight = fuse(kernel_grad, ctx.fused)(dy, x, pad, k)
-        return dx, dweight, dy.sum((0, 1)) if ctx.needs_input_grad[2] else None, None, None
+        dbias = dy.sum((0, 1), dtype=weight.dtype) if ctx.needs_input_grad[2] else None
+        return dx, dweight, dbias, None, None
 
 
 def kernel_grad(dy: torch.Tensor, x: torch.Tensor, pad: int, k: int) -> torch.Tensor:

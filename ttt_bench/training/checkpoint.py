@@ -10,7 +10,6 @@ from lightning.fabric.plugins.io import TorchCheckpointIO
 from ..data.tokenizers import from_spec
 from ..errors import UserError
 from ..io import atomic_file
-from .faults import kill_self
 from .module import LitLM
 
 log = logging.getLogger(__name__)
@@ -18,20 +17,11 @@ log = logging.getLogger(__name__)
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writes (step-*.ckpt and last.ckpt) go through a temporary file and a rename,
-    so a crash mid-write leaves the previous file whole. `kill_in_write_at_step` is the test-only fault hook
-    `fault.kill_during=checkpoint_write` (faults.py): die halfway through writing that step's checkpoint."""
-
-    def __init__(self, kill_in_write_at_step: int | None = None):
-        super().__init__()
-        self.kill_in_write_at_step = kill_in_write_at_step
+    so a crash mid-write leaves the previous file whole."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         with atomic_file(path) as f:
             torch.save(checkpoint, f)
-            if checkpoint.get("global_step") == self.kill_in_write_at_step:
-                f.flush()
-                f.truncate(f.tell() // 2)
-                kill_self()
 
 
 def torch_device(name: str, option: str = "device") -> torch.device:

@@ -4,27 +4,31 @@ Run folder layout (Hydra's output dir):
     .hydra/config.yaml       resolved config            checkpoints/last.ckpt, step-*.ckpt
     metrics.csv              per-step CSV log           metrics.json   final summary
     token_index.csv          final token-index losses   losses.csv     loss of every optimizer step
+    identity.json            what the result depends on .lock          held by the process training it
 
-metrics.json's `tokens_per_s` divides the tokens by the whole fit's wall time (start-up, validation and
-checkpoints included); `steady_tokens_per_s` is the training loop's own throughput (`StepTimer`), the number
-to compare with `ttt-bench bench models`' train phase (docs/speed.md).
+metrics.json's `wall_time_s` is the whole run's (summed over resumes; callbacks.StepTimer) and `tokens_per_s`
+divides the tokens by it (start-up, validation and checkpoints included); `steady_tokens_per_s` is the
+training loop's own throughput, the number to compare with `ttt-bench bench models`' train phase
+(docs/speed.md).
 """
 
 import logging
-import time
+import math
 from pathlib import Path
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import UserError
 from ..flops import train_flops
-from ..io import write_atomic, write_json
+from ..io import write_json
 from ..vision.flops import count_flops
+from .callbacks import LossLog, RunCSVLogger, StepCheckpoint, StepProgressBar, StepTimer
 from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpoint
 from .evaluate import (
     bits_per_byte,
@@ -34,8 +38,8 @@ from .evaluate import (
     save_inner_losses,
     save_token_index,
 )
-from .faults import KillDuringStep
 from .module import LitBase, LitClassifier, LitLM
+from .run_folder import claim, identity, locked
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,11 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     accumulation needed to reach it with the data's micro-batch size."""
     seq_len, micro = cfg.data.seq_len, cfg.data.micro_batch_size
     tokens = cfg.recipe.tokens_per_batch  # all >= 1 (check_config)
-    sequences = max(1, tokens // seq_len)
+    if tokens % seq_len:
+        raise UserError(f"recipe.tokens_per_batch={tokens} is not a whole number of sequences of "
+                        f"data.seq_len={seq_len} tokens; use a multiple, e.g. recipe.tokens_per_batch="
+                        f"{max(1, round(tokens / seq_len)) * seq_len}")
+    sequences = tokens // seq_len
     per_step = micro * world_size
     if sequences % per_step:
         raise UserError(
@@ -57,81 +65,6 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
         "accumulate": sequences // per_step,
         "tokens_per_step": sequences * seq_len,
     }
-
-
-class StepCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint every `every_n_train_steps` steps and at the final step, so last.ckpt is the model that
-    metrics.json describes (Lightning saves on multiples of the interval only). It does not save again the
-    step a run resumed from: Lightning would rewrite step-N.ckpt and last.ckpt after the first micro-batch,
-    mid-accumulation, and a resume from those would misplace the accumulation windows."""
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        super().on_train_start(trainer, pl_module)
-        self._last_global_step_saved = trainer.global_step
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self._last_global_step_saved:  # max_steps not a multiple of the interval
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
-        super().on_train_end(trainer, pl_module)
-
-
-class LossLog(Callback):
-    """Appends `step,loss` to losses.csv after every optimizer step (its mean loss, exact float32 value; nan
-    for a skipped non-finite step), so the losses of a crashed run survive; a resume drops the rows after its
-    checkpoint."""
-
-    def __init__(self, path: Path):
-        self.path, self.step, self.total = path, 0, None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.step, self.total = trainer.global_step, None
-        rows = self.path.read_text().splitlines()[1:] if self.path.is_file() else []
-        kept = [r for r in rows if int(r.split(",")[0]) <= self.step]
-        write_atomic(self.path, "\n".join(["step,loss", *kept]) + "\n")
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        loss = (outputs or {}).get("loss")  # divided by the accumulation factor; none for a skipped batch
-        if loss is not None:
-            self.total = (self.total or 0.0) + loss.item()
-        if trainer.global_step != self.step:
-            self.step = trainer.global_step
-            with self.path.open("a") as f:
-                f.write(f"{self.step},{'nan' if self.total is None else repr(self.total)}\n")
-            self.total = None
-
-
-class StepTimer(Callback):
-    """Wall time of every optimizer step, from the end of the previous one: loading its micro-batches, their
-    forward and backward, the update, logging. `tokens_per_s()` is the steady state: it leaves out the first
-    `warmup` steps of the process (allocator, caches, kernels built at first use) and every step during which
-    the run validated or wrote a checkpoint."""
-
-    def __init__(self, tokens_per_step: int, warmup: int = 5):
-        self.tokens_per_step, self.warmup = tokens_per_step, warmup
-        self.times: list[float] = []
-        self.step, self.last, self.done, self.excluded = None, None, 0, False
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.step, self.last, self.done, self.excluded = trainer.global_step, None, 0, False
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step:  # inside an accumulation window
-            return
-        now = time.perf_counter()
-        if self.last is not None and self.done >= self.warmup and not self.excluded:
-            self.times.append(now - self.last)
-        self.step, self.last, self.done, self.excluded = trainer.global_step, now, self.done + 1, False
-
-    def on_validation_start(self, trainer, pl_module) -> None:
-        self.excluded = True
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
-        self.excluded = True
-
-    def tokens_per_s(self) -> float | None:
-        return self.tokens_per_step * len(self.times) / sum(self.times) if self.times else None
 
 
 # Settings that must be positive integers / numbers (checked when present), with an example value each.
@@ -150,14 +83,29 @@ POSITIVE_INTS = {
 POSITIVE_NUMBERS = {"recipe.lr": 3e-3, "recipe.grad_clip": 1.0}
 
 
+def check_recipe(cfg: DictConfig) -> None:
+    """The learning-rate schedule (warm-up then cosine to min_lr, module.py) of either task."""
+    lr, min_lr, warmup = cfg.recipe.lr, cfg.recipe.get("min_lr", 0.0), cfg.recipe.get("warmup_fraction", 0.0)
+    if not (_number(min_lr) and 0 <= min_lr <= lr):
+        raise UserError(f"recipe.min_lr={min_lr!r} must be a number between 0 and recipe.lr={lr}")
+    if not (_number(warmup) and 0 <= warmup < 1):
+        raise UserError(f"recipe.warmup_fraction={warmup!r} must be a fraction of the steps in [0, 1), "
+                        "e.g. 0.1")
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_config(cfg: DictConfig) -> None:
     """Wrong types, sizes and combinations, caught before any data is prepared."""
     for key, example in {**POSITIVE_INTS, **POSITIVE_NUMBERS}.items():
         value = OmegaConf.select(cfg, key)
         number = int if key in POSITIVE_INTS else (int, float)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, number) or value <= 0):
+        if value is not None and (not _number(value) or not isinstance(value, number) or value <= 0):
             kind = "a positive integer" if key in POSITIVE_INTS else "a positive number"
             raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
+    check_recipe(cfg)
     if cfg.size.d_model % cfg.size.n_heads:
         raise UserError(
             f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
@@ -200,8 +148,9 @@ def check_image_config(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value!r} must be a positive integer")
     for key in ("recipe.lr", "recipe.grad_clip"):
         value = OmegaConf.select(cfg, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if not _number(value) or value <= 0:
             raise UserError(f"{key}={value!r} must be a positive number")
+    check_recipe(cfg)
     if cfg.size.d_model % cfg.size.n_heads:
         raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
                         "pick a number of heads that divides the width")
@@ -252,18 +201,19 @@ def build_module(cfg: DictConfig, dm) -> LitBase:
 
 
 def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
-    """What the tasks share: resume-checkpoint choice, seeding, data and module, callbacks (checkpoints, loss
-    log, step timer, fault hooks), the Lightning fit. `make_module(dm)` builds the LightningModule."""
+    """What the tasks share: resume-checkpoint choice, seeding, data and module, the run folder's identity,
+    callbacks (checkpoints, loss log, step timer, progress), the Lightning fit. `make_module(dm)` builds the
+    LightningModule. The caller holds the run folder's lock."""
     found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
-    resume, units_before = (found[0], found[1].get("tokens_seen", 0)) if found else (None, 0)
+    resume, resume_step = (found[0], found[1]["global_step"]) if found else (None, 0)
     del found  # the trainer loads it again
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg)
+    if rank_zero_only.rank == 0:
+        claim(run_dir, identity(cfg, getattr(dm, "fingerprint", None)))
     module = make_module(dm)
     if cfg.trainer.accelerator == "cpu":
         torch.set_float32_matmul_precision("highest")
-    fault = cfg.get("fault") or {}  # test-only fault injection, see faults.py
-    kill_step, kill_during = fault.get("kill_at_step"), fault.get("kill_during", "step")
     timer = StepTimer(geo["tokens_per_step"])
     callbacks = [
         StepCheckpoint(
@@ -278,22 +228,19 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
         LearningRateMonitor(logging_interval="step"),
         LossLog(run_dir / "losses.csv"),
         timer,
-        # the bar redraws every 10th micro-batch (Lightning's default: every one)
-        *([TQDMProgressBar(refresh_rate=10)] if cfg.trainer.get("enable_progress_bar", True) else []),
-        *([KillDuringStep(kill_step)] if kill_step and kill_during == "step" else []),
+        *([StepProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []),
     ]
-    checkpoint_io = AtomicCheckpointIO(kill_step if kill_during == "checkpoint_write" else None)
     trainer = instantiate(
         cfg.trainer,
         callbacks=callbacks,
-        logger=[CSVLogger(run_dir, name="", version="")]
+        logger=[RunCSVLogger(run_dir, resume_step)]
         + ([TensorBoardLogger(run_dir, name="", version="tensorboard")] if cfg.get("tensorboard") else []),
         default_root_dir=run_dir,
         accumulate_grad_batches=geo["accumulate"],
         val_check_interval=cfg.eval_every_n_steps * geo["accumulate"],
         check_val_every_n_epoch=None,
         use_distributed_sampler=False,
-        plugins=[checkpoint_io],
+        plugins=[AtomicCheckpointIO()],
     )
     dm.samples_per_step = geo["sequences_per_step"]
     init_from = cfg.recipe.get("init_from")
@@ -314,11 +261,9 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
         geo["accumulate"],
         f"; resuming {resume}" if resume else "",
     )
-    start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # ours, with numpy RNG states
-    wall = time.perf_counter() - start
-    return {"dm": dm, "module": module, "trainer": trainer, "timer": timer, "wall": wall,
-            "units_before": units_before, "init_from": init_from}
+    return {"dm": dm, "module": module, "trainer": trainer, "timer": timer, "wall": timer.wall_s(),
+            "init_from": init_from}
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -328,9 +273,15 @@ def world_size(cfg: DictConfig) -> int:
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
+    """`ttt-bench train`: the task's training, holding the run folder's lock (rank 0 only: the other ranks of
+    a multi-process run work in the same folder)."""
     run_dir = Path(run_dir)
-    if task_name(cfg) == "image":
-        return train_image(cfg, run_dir)
+    with locked(run_dir, enabled=rank_zero_only.rank == 0):
+        return (train_image if task_name(cfg) == "image" else train_lm)(cfg, run_dir)
+
+
+def train_lm(cfg: DictConfig, run_dir: Path) -> dict:
+    """`task=lm`: a language model; metrics.json has the validation loss, perplexity and bits per byte."""
     for group in ("model", "data"):
         if any(t in str(cfg[group].get("_target_", "")) for t in ("ViTClassifier", "ImageDataModule")):
             raise UserError(f"{group}={cfg[group].get('name')} is for image classification; add task=image")
@@ -338,7 +289,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     geo = batch_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
     dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
-    tokens_before, init_from = run["units_before"], run["init_from"]
+    if not trainer.is_global_zero:  # the other ranks of a multi-process run: rank 0 evaluates and writes
+        return {}
+    init_from = run["init_from"]
 
     result = evaluate(module.model, dm.val_dataset(), batch_size=cfg.data.micro_batch_size)
     save_token_index(run_dir / "token_index.csv", result.pop("token_index_loss"))
@@ -356,9 +309,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "tokens_seen": tokens_seen,
         "skipped_steps": module.skipped_steps,
         "wall_time_s": round(wall, 2),
-        "tokens_per_s": round((tokens_seen - tokens_before) / max(wall, 1e-9), 1),
+        "tokens_per_s": round(tokens_seen / max(wall, 1e-9), 1),
         "steady_tokens_per_s": None if timer.tokens_per_s() is None else round(timer.tokens_per_s(), 1),
-        "steady_steps": len(timer.times),
+        "steady_steps": timer.timed_steps,
         **result,
         "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
         "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen),
@@ -383,6 +336,8 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
     geo = image_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
     dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
+    if not trainer.is_global_zero:  # the other ranks of a multi-process run: rank 0 evaluates and writes
+        return {}
     batch = cfg.data.micro_batch_size
     val, val_rows = evaluate_classifier(module.model, dm.val_dataset(), batch, "val")
     test, test_rows = evaluate_classifier(module.model, dm.test_dataset(), batch, "test")
@@ -407,9 +362,9 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
         "images_seen": images,
         "skipped_steps": module.skipped_steps,
         "wall_time_s": round(wall, 2),
-        "images_per_s": round((images - run["units_before"]) / max(wall, 1e-9), 1),
+        "images_per_s": round(images / max(wall, 1e-9), 1),
         "steady_images_per_s": None if timer.tokens_per_s() is None else round(timer.tokens_per_s(), 1),
-        "steady_steps": len(timer.times),
+        "steady_steps": timer.timed_steps,
         **val,
         **test,
         "forward_flops_per_image": flops,

@@ -64,6 +64,7 @@ class _NarrowLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
+        x, w = x.to(g.dtype), w.to(g.dtype)  # under autocast the forward's linear ran in g's dtype (bf16)
         g2 = g.reshape(-1, g.shape[-1])
         gx = (w.t() @ g2.t()).t().reshape(x.shape) if ctx.needs_input_grad[0] else None
         gw = (x.reshape(-1, x.shape[-1]).t() @ g2).t() if ctx.needs_input_grad[1] else None

@@ -22,7 +22,7 @@ Every tensor keeps its shape; only names change:
     blocks.{i}.mlp.{w1,w3,w2}.weight       model.layers.{i}.mlp.{gate_proj,up_proj,down_proj}.weight
 
 Their configuration for one of our TTT models is `authors_config(...)`: the Mamba backbone is their
-pre_conv=True, share_qk=True, use_gate=True; the Transformer backbone all three False.
+pre_conv=True, share_qk=True, use_gate=True; the Transformer backbone all three False; each can be set.
 """
 
 import re
@@ -87,8 +87,12 @@ def authors_config(
     eta_base: float = 1.0,
     rope_theta: float = 10_000.0,
     conv_kernel: int = 4,
+    pre_conv: bool | None = None,
+    share_qk: bool | None = None,
+    use_gate: bool | None = None,
 ) -> dict:
-    """Keyword arguments of their TTTConfig for the model our configuration builds."""
+    """Keyword arguments of their TTTConfig for the model our configuration builds (the flags: as TTTBlock's,
+    the backbone's defaults unless set)."""
     mamba = backbone == "mamba"
     return dict(
         vocab_size=vocab_size,
@@ -100,9 +104,9 @@ def authors_config(
         mini_batch_size=mini_batch_size,
         ttt_base_lr=eta_base,
         rope_theta=rope_theta,
-        pre_conv=mamba,
-        share_qk=mamba,
-        use_gate=mamba,
+        pre_conv=mamba if pre_conv is None else pre_conv,
+        share_qk=mamba if share_qk is None else share_qk,
+        use_gate=mamba if use_gate is None else use_gate,
         conv_kernel=conv_kernel,
         tie_word_embeddings=True,
         rms_norm_eps=1e-6,

@@ -322,7 +322,9 @@ class TTTLayer(nn.Module):
 
 
 class TTTBlock(nn.Module):
-    """A residual block with a TTT layer, in the Transformer or the Mamba backbone (Figure 16).
+    """A residual block with a TTT layer, in the Transformer or the Mamba backbone (Figure 16). The backbone
+    sets the defaults of the authors' flags pre_conv (a causal conv before the TTT layer), share_qk (one
+    projection for the training and test views, two convs) and use_gate (a gated output); each can be set.
 
     Every keyword argument beyond the block's own goes to TTTLayer (learner, mini_batch_size, form, ...).
     """
@@ -336,17 +338,23 @@ class TTTBlock(nn.Module):
         backbone: str = "mamba",
         conv_kernel: int = 4,
         norm_eps: float = 1e-6,
+        pre_conv: bool | None = None,
+        share_qk: bool | None = None,
+        use_gate: bool | None = None,
         **ttt,
     ):
         super().__init__()
         if backbone not in ("mamba", "transformer"):
             raise ValueError(f"backbone must be 'mamba' or 'transformer', got {backbone!r}")
         self.layer_idx, self.backbone = layer_idx, backbone
-        mamba = backbone == "mamba"
-        self.pre_conv_norm = RMSNorm(d_model, norm_eps) if mamba else None
-        self.pre_conv = CausalConv1d(d_model, conv_kernel) if mamba else None
+        # The authors' three flags, each on in the Mamba backbone and off in the Transformer's unless set.
+        flags = (pre_conv, share_qk, use_gate)
+        pre_conv, share_qk, use_gate = (backbone == "mamba" if f is None else f for f in flags)
+        self.pre_conv_norm = RMSNorm(d_model, norm_eps) if pre_conv else None
+        self.pre_conv = CausalConv1d(d_model, conv_kernel) if pre_conv else None
         self.seq_norm = RMSNorm(d_model, norm_eps)
-        self.ttt = TTTLayer(d_model, n_heads, share_qk=mamba, use_gate=mamba, conv_kernel=conv_kernel, **ttt)
+        self.ttt = TTTLayer(d_model, n_heads, share_qk=share_qk, use_gate=use_gate, conv_kernel=conv_kernel,
+                            **ttt)
         self.ttt.layer_idx = layer_idx
         self.mlp_norm = RMSNorm(d_model, norm_eps)
         self.mlp = SwiGLU(d_model, mlp_hidden)

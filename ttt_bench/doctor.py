@@ -1,0 +1,114 @@
+"""`ttt-bench doctor`: what this machine gives the toolkit. torch and CUDA, bf16 support, the optional
+kernels' packages (Triton, mamba-ssm, causal-conv1d), the data folder the configs read (paths.data_dir, set by
+TTT_BENCH_DATA_DIR) and the corpora in it, and the kernel path each language model takes here, as its
+layers choose it at run time (on CUDA this runs the one-time Triton check of ttt_bench/kernel_check.py)."""
+
+import importlib
+import importlib.metadata
+from pathlib import Path
+
+import torch
+
+CORPORA = {"pile-mini": "pile-mini/train.jsonl.zst", "books-mini": "books-mini/train.jsonl.zst",
+           "fashion-mnist": "fashion-mnist"}
+LANGUAGE_MODELS = ("transformer", "ttt_linear", "ttt_mlp", "ttt_kernel", "mamba", "linear_attention")
+
+
+def package(name: str, module: str) -> tuple[str | None, str | None]:
+    """(version, None) when `module` imports, (version or None, why not) otherwise."""
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001  (mamba-ssm raises more than ImportError without CUDA)
+        why = "not installed" if version is None else f"installed but does not import: {type(e).__name__}"
+        return version, why
+    return version, None
+
+
+def describe(version: str | None, why: str | None) -> str:
+    return why if why else f"{version or 'present'}"
+
+
+def data_dir() -> Path:
+    """paths.data_dir as the train config composes it (TTT_BENCH_DATA_DIR, else ../shared/data)."""
+    from omegaconf import OmegaConf
+
+    from .config import compose
+
+    return Path(OmegaConf.select(compose("train"), "paths.data_dir"))
+
+
+def triton_path(device: torch.device) -> str:
+    """TTT-Linear's kernel path with kernel=auto on `device`."""
+    import os
+
+    from . import kernel_check
+    from .kernels import HAS_TRITON
+
+    if device.type != "cuda":
+        return "PyTorch dual form (the Triton kernels are CUDA-only with kernel=auto)"
+    if not HAS_TRITON:
+        return "PyTorch dual form (Triton not installed)"
+    if os.environ.get("TTT_BENCH_KERNELS") == "torch":
+        return "PyTorch dual form (TTT_BENCH_KERNELS=torch)"
+    verdict = kernel_check.verdict(device)
+    if verdict["ok"]:
+        return f"Triton kernels (checked against PyTorch: {verdict['detail']}; {kernel_check.cache_path()})"
+    return f"PyTorch dual form (Triton kernels rejected: {verdict['detail']})"
+
+
+def mamba_path(device: torch.device) -> str:
+    from .models.mamba import scan_cpu
+    from .models.mamba.block import cuda_kernels
+
+    if device.type == "cuda":
+        if cuda_kernels() is not None:
+            return "mamba-ssm CUDA kernels (selective scan, causal-conv1d)"
+        return "PyTorch chunked selective scan (mamba-ssm or causal-conv1d missing)"
+    if scan_cpu.available():
+        return "C++ selective-scan kernel for CPU (built at first use)"
+    return "PyTorch chunked selective scan (the C++ kernel did not build: no C++ compiler?)"
+
+
+def kernel_paths(device: torch.device) -> dict[str, str]:
+    """The kernel path of each language model of conf/model/ on `device`."""
+    attention = ("scaled_dot_product_attention (flash / memory-efficient kernels)" if device.type == "cuda"
+                 else "scaled_dot_product_attention (CPU)")
+    return {
+        "transformer": attention,
+        "ttt_linear": triton_path(device),
+        "ttt_mlp": "PyTorch dual form (dual_scan; no Triton kernel for TTT-MLP)",
+        "ttt_kernel": "PyTorch (the kernel learner, Theorem 2)",
+        "mamba": mamba_path(device),
+        "linear_attention": "PyTorch (chunked causal linear attention)",
+    }
+
+
+def report() -> list[str]:
+    """The lines `ttt-bench doctor` prints."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    lines = [f"torch: {torch.__version__} (CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+             f"{torch.get_num_threads()} threads)"]
+    if cuda:
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        lines.append(f"CUDA: {torch.version.cuda}, {torch.cuda.device_count()} GPU(s): {names}")
+        lines.append(f"bf16: {'supported' if torch.cuda.is_bf16_supported() else 'not supported'} on the GPU "
+                     f"(trainer=gpu uses {'bf16-mixed' if torch.cuda.is_bf16_supported() else '16-mixed'})")
+    else:
+        built = f"with CUDA {torch.version.cuda}" if torch.version.cuda else "for CPU only"
+        lines.append(f"CUDA: not available (torch built {built})")
+        lines.append("bf16: CPU autocast (trainer.precision=bf16-mixed); trainer=cpu trains in float32")
+    for label, name, module in (("Triton", "triton", "triton"), ("mamba-ssm", "mamba-ssm", "mamba_ssm"),
+                                ("causal-conv1d", "causal-conv1d", "causal_conv1d")):
+        lines.append(f"{label}: {describe(*package(name, module))}")
+    folder = data_dir()
+    found = [name for name, rel in CORPORA.items() if (folder / rel).exists()]
+    corpora = f"[{', '.join(found)}]" if found else "(no corpus found: data=synthetic needs none)"
+    lines.append(f"data folder (paths.data_dir, TTT_BENCH_DATA_DIR): {folder} {corpora}")
+    lines.append(f"kernel paths on {device.type}:")
+    lines += [f"  {model:17s} {path}" for model, path in kernel_paths(device).items()]
+    return lines

@@ -1,0 +1,153 @@
+"""The Triton kernels of TTT-Linear are used by default (`kernel: auto`) only on a device where they have been
+checked: once per (GPU name, torch version, Triton version), the dual-form kernel and the decode kernel run
+on small random inputs and their outputs and the gradients of every input are compared with the PyTorch
+implementations they replace (dual_scan.ttt_linear_dual, the decode kernel's PyTorch reference). The verdict
+is kept in a small JSON file under the user cache dir (`cache_path`), so later processes do not check again.
+A mismatch or a kernel that does not compile sends TTT-Linear to the PyTorch dual form, with one warning per
+process that says why and where the verdict is kept (delete the file to check again). `kernel: triton` forces
+the kernels without this check; `kernel: torch` or TTT_BENCH_KERNELS=torch never uses them.
+"""
+
+import json
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# largest |kernel - PyTorch| over the largest |PyTorch| entry, per tensor: float32 with sums of ~100 terms
+TOLERANCE = 1e-4
+_verdicts: dict[str, dict] = {}  # this process's verdicts, by key
+
+
+def cache_path() -> Path:
+    """$XDG_CACHE_HOME/ttt-bench/kernel_check.json (~/.cache by default)."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "ttt-bench" / "kernel_check.json"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} (Triton interpreter)"
+
+
+def key(device: torch.device) -> str:
+    """What a verdict holds for: the device's name and the torch and Triton versions."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return f"{device_name(device)} | torch {torch.__version__} | triton {triton_version}"
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+
+def _inputs(device, B=1, H=2, N=2, b=16, f=16, seed=0) -> list[torch.Tensor]:
+    """Random TTT-Linear dual-form inputs, every weight off its init (as tests/test_kernels.py)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(device)
+    eta = (0.3 * torch.rand(B, H, N, b, b, generator=g)).to(device)
+    return [r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta, r(B, H, f, f, scale=0.3),
+            r(B, H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+
+
+def _flat(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _flat(o)]
+
+
+def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int) -> list[str]:
+    """Outputs of kernel(*inputs) and reference(*inputs), then the gradients of every input under the same
+    random cotangents: the names of the tensors further apart than TOLERANCE (with their error)."""
+    grads, outs = [], []
+    g = torch.Generator().manual_seed(seed)
+    cotangents = None
+    for fn in (kernel, reference):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        out = _flat(fn(*leaves))
+        cotangents = cotangents or [torch.randn(o.shape, generator=g).to(o.device) for o in out]
+        torch.autograd.backward(out, cotangents)
+        outs.append([o.detach() for o in out])
+        grads.append([t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves])
+    bad = []
+    for kind, (ours, ref) in (("output", outs), ("grad", grads)):
+        for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
+            err = _rel_err(a, b)
+            if not err <= TOLERANCE:  # NaN included
+                bad.append(f"{name} {kind} {i}: {err:.1e}")
+    return bad
+
+
+def compare_kernels(device: torch.device) -> dict:
+    """Run the Triton kernels against PyTorch on `device`: {"ok", "detail"}; a kernel that fails to compile
+    or run is a failed check with the error's first line."""
+    from ttt_bench.kernels.ttt_decode import reference as decode_reference
+    from ttt_bench.kernels.ttt_decode import ttt_linear_decode
+    from ttt_bench.kernels.ttt_linear import ttt_linear_dual
+    from ttt_bench.models.ttt import dual_scan
+
+    try:
+        with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
+            dual = _inputs(device)
+            bad = _compare("dual", ttt_linear_dual, dual_scan.ttt_linear_dual, dual, seed=1)
+            # decode: one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a scalar
+            XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
+            tok = lambda t: t[:, :, 0, :1].contiguous()
+            lr, te = eta[:, :, 0, 0, 0].contiguous(), torch.tensor(0.5, device=device)
+            decode = [tok(XQ), tok(XK), tok(XV), lr, te, W, b, 0.1 * W, 0.1 * b, ln_w, ln_b]
+            bad += _compare("decode", ttt_linear_decode, decode_reference, decode, seed=2)
+    except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed check)
+        lines = str(e).strip().splitlines()
+        return {"ok": False, "detail": f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]}
+    return {"ok": not bad, "detail": "; ".join(bad) if bad else f"outputs and gradients within {TOLERANCE:g}"}
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def verdict(device: torch.device) -> dict:
+    """The check's verdict for `device` ({"ok", "detail", "checked", "tolerance"}): this process's, else the
+    cache file's, else a new check (recorded in the file). Warns once per process when the kernels are
+    rejected."""
+    k = key(device)
+    if k in _verdicts:
+        return _verdicts[k]
+    path = cache_path()
+    found = _read_cache(path).get(k)
+    if not (isinstance(found, dict) and isinstance(found.get("ok"), bool)):
+        log.info("checking the Triton TTT-Linear kernels against PyTorch on %s (once; kept in %s)", k, path)
+        found = {**compare_kernels(device), "checked": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "tolerance": TOLERANCE}
+        try:
+            from ttt_bench.io import write_json
+
+            write_json(path, {**_read_cache(path), k: found})
+        except OSError as e:  # a read-only home: the verdict holds for this process only
+            log.warning("could not record the kernel check in %s: %s", path, e)
+    if not found["ok"]:
+        warnings.warn(f"Triton TTT-Linear kernels rejected on {k} ({found['detail']}); TTT-Linear uses the "
+                      f"PyTorch dual form. The verdict is kept in {path}: delete it to check again, or force "
+                      "the kernels with model.block.kernel=triton", RuntimeWarning, stacklevel=2)
+    _verdicts[k] = found
+    return found
+
+
+@torch.compiler.disable
+def triton_verified(device: torch.device) -> bool:
+    """Whether `kernel: auto` may use the Triton kernels on `device` (see `verdict`)."""
+    return verdict(device)["ok"]

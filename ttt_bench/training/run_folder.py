@@ -1,0 +1,87 @@
+"""A run folder belongs to one training run: an OS lock keeps a second process out of it, and identity.json
+ties it to what determines the result (the resolved config, data locations included, and the fingerprint of
+the data it read), so the same command with other data never resumes or overwrites it."""
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import UserError
+from ..io import write_json
+
+# Settings that change where things are written or how a run is watched, not what it computes.
+OPERATIONAL = ("ckpt_path", "paths", "tensorboard", "checkpoint_every_n_steps", "eval_every_n_steps", "hydra",
+               "data.cache_dir", "data.num_proc", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
+
+
+class RunFolderInUse(UserError):
+    pass
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path, enabled: bool = True):
+    """Hold an exclusive lock on `run_dir` for the block; another process gets a one-line error. The OS
+    releases it when the process ends, however it ends (a stale lock file locks nothing)."""
+    if not enabled:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise RunFolderInUse(f"run folder {run_dir} is in use by {holder}; wait for it to finish or give "
+                                 "this run another folder (paths.runs=... or run_name=...)") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"process {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def identity(cfg: DictConfig, data_fingerprint: str | None) -> dict:
+    """What the run's result depends on: the resolved config without the operational keys, and the data."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    for key in OPERATIONAL:
+        *parents, leaf = key.split(".")
+        node = config
+        for p in parents:
+            node = node.get(p) or {}
+        node.pop(leaf, None)
+    return {"config": config, "data_fingerprint": data_fingerprint}
+
+
+def claim(run_dir: Path, ident: dict) -> None:
+    """Record the run's identity in the folder; in a folder that has one, refuse a different run (a folder
+    from before identity.json is adopted: the model of its checkpoints is still checked on resume)."""
+    path = run_dir / "identity.json"
+    if path.is_file():
+        recorded = json.loads(path.read_text())
+        changed = _differences(recorded["config"], ident["config"])
+        if recorded["data_fingerprint"] != ident["data_fingerprint"]:
+            changed.append(f"the data's content changed: it had fingerprint {recorded['data_fingerprint']}, "
+                           f"now {ident['data_fingerprint']}")
+        if changed:
+            raise UserError(f"run folder {run_dir} holds another run ({'; '.join(changed[:3])}); give this "
+                            "run another folder (paths.runs=... or run_name=...) or delete that one")
+    write_json(path, ident)
+
+
+def _differences(recorded: dict, ident: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(recorded.keys() | ident.keys()):
+        a, b = recorded.get(key), ident.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} was {a}, is {b}")
+    return out
