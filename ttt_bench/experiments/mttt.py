@@ -328,9 +328,10 @@ MTTT_SECTIONS = {  # step -> (title, what the paper found, files of the step fol
 }
 
 
-def plot_inner_loss(inner: pd.DataFrame, path: Path) -> bool:
+def plot_inner_loss(inner: pd.DataFrame, path: Path, titles: dict | None = None) -> bool:
     """Figures 1 right/3/4: mean validation inner loss against the inner step, one panel per TTT
-    configuration with T > 1, one line per layer. False when there is nothing to draw."""
+    configuration with T > 1 (titled from `titles`: config -> text), one line per layer. False when there
+    is nothing to draw."""
     configs = [c for c, g in inner.groupby("config") if g["step"].max() > 1]
     if not configs:
         return False
@@ -342,8 +343,8 @@ def plot_inner_loss(inner: pd.DataFrame, path: Path) -> bool:
     fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3), squeeze=False)
     for ax, config in zip(axes[0], configs, strict=True):
         for layer, g in inner[inner["config"] == config].groupby("layer"):
-            ax.plot(g["step"], g["inner_loss"], marker="o", label=f"layer {layer}")
-        ax.set_title(config)
+            ax.plot(g["step"], g["inner_loss"], marker="o", label=f"layer {layer + 1}")
+        ax.set_title((titles or {}).get(config, config), fontsize=9)
         ax.set_xlabel("t (loss at W_t; last: l(W_T; X))")
         ax.set_ylabel("inner loss")
         ax.legend(fontsize=7)
@@ -404,5 +405,8 @@ def step_mttt(name: str, ctx: dict, sweep_step) -> None:
     write_atomic(step.dir / f"{name}.md", md)
     inner = inner_loss_table(reg)
     step.csv("inner_loss.csv", inner)
-    plot_inner_loss(inner, step.dir / "inner_loss.png")
+    runs = _finished(reg).drop_duplicates("config").set_index("config")
+    titles = {c: f"{r.label}\n{r.data}, {r.num_tokens} tokens of {r.patch_size}x{r.patch_size} pixels "
+              f"({r.image_size}x{r.image_size} images)" for c, r in runs.iterrows()}
+    plot_inner_loss(inner, step.dir / "inner_loss.png", titles)
     step.done(reg)
