@@ -328,3 +328,16 @@ def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and
     assert all(f"size.lr={p['lrs'][0]:g}" in r["overrides"] for r in mamba)
     tf = next(r for r in grid.values() if r["method"] == "transformer" and r["width"] == 64)
     assert tf["state_floats"] == 2 * 2 * p["seq_len"] * 64  # two layers of a K and V cache
+
+
+def test_a_run_in_use_by_another_sweep_process_is_skipped_and_left_alone(tmp_path):
+    """Two processes of one sweep share its runs: a run folder locked by the other process is skipped, with
+    nothing recorded in it (the other process finishes it and records it)."""
+    from hydra import initialize_config_module
+
+    from ttt_bench.training.run_folder import locked
+
+    run_dir = tmp_path / "ok"
+    with locked(run_dir), initialize_config_module("ttt_bench.conf", version_base="1.3"):
+        sweeps.run_one("ok", sweeps._run([*TINY, "model=transformer"], label="Transformer"), run_dir)
+    assert not (run_dir / "metrics.json").exists() and not sweeps.finished(run_dir)

@@ -425,6 +425,7 @@ def run_one(name: str, spec: dict, run_dir: Path) -> None:
     """Train one run of a plan unless it has finished; record a failure instead of raising."""
     import hydra
 
+    from ..training.run_folder import RunFolderInUse
     from ..training.train import train
 
     try:
@@ -442,6 +443,8 @@ def run_one(name: str, spec: dict, run_dir: Path) -> None:
     try:
         cfg = hydra.compose(config_name="train", overrides=spec["overrides"])
         train(cfg, run_dir)
+    except RunFolderInUse:  # another process of the same sweep trains it: two processes share a sweep
+        log.info("run %s is being trained by another process; skipped here", name)
     except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
         log.exception("run %s failed", name)
         record_failure(run_dir, one_line(e))
