@@ -5,7 +5,6 @@ import argparse
 import contextlib
 import difflib
 import errno
-import logging
 import math
 import os
 import shutil
@@ -189,8 +188,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     noise = "LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec|exists and is not empty"
     warnings.filterwarnings("ignore", message=f".*({noise}).*")
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: "Tip:" not in record.getMessage())  # Lightning's advertisement, at every fit
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: ttt-bench {" + ",".join(SUBCOMMANDS) + "} ...\n\nsubcommands (each has --help):")
         for name, text in SUBCOMMANDS.items():

@@ -42,6 +42,8 @@ from .module import LitBase, LitClassifier, LitLM
 from .run_folder import claim, identity, locked
 
 log = logging.getLogger(__name__)
+# Lightning advertises a hosted logger at every fit (a "Tip:" line): not a message for our users.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
 
 
 def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
