@@ -201,3 +201,6 @@ def test_far_fact_claims_compare_the_loss_on_facts_far_back_inside_the_window():
     assert verdict("longrange.ttt_mlp", r).status == INCONCLUSIVE  # 2.0 vs 2.0
     assert claims.far_fact_loss(pd.DataFrame(rows))["loss"].between(0.9, 2.1).all()  # near ones left out
     assert verdict("longrange.ttt_linear", Results()).status == MISSING
+    chance = pd.DataFrame(rows).assign(loss=lambda d: 2.31 - 0.1 * (d["method"] == "ttt_linear_m") * 0.5)
+    v = verdict("longrange.ttt_linear", Results(fact_recall=chance))  # 2.26 vs 2.31: both at chance
+    assert v.status == INCONCLUSIVE and "neither is below chance" in v.sentence

@@ -519,9 +519,17 @@ def recalls_far_facts_better(a: str, b: str) -> Callable[[Results], Verdict]:
         if df.empty:
             return Verdict(MISSING, "no fact-recall measurements")
         label = lambda m: str(df.loc[df["method"] == m, "label"].iloc[0]) if (df["method"] == m).any() else m
-        v = compare(df[df["method"] == a], df[df["method"] == b], (label(a), label(b)), "<", None,
+        from .longrange import RANDOM_DIGIT
+
+        pair = df[df["method"].isin([a, b])]
+        v = compare(pair[pair["method"] == a], pair[pair["method"] == b], (label(a), label(b)), "<", None,
                     value="loss")
-        return Verdict(v.status, f"loss on facts >= {FAR} bytes back: {v.sentence}", v.numbers)
+        status, sentence = v.status, f"loss on facts >= {FAR} bytes back: {v.sentence}"
+        if v.status != MISSING and (pair["loss"] >= RANDOM_DIGIT - 0.1).all():  # a floor, as the bigram's
+            status = INCONCLUSIVE
+            sentence += (f"; neither is below chance (a random digit: ln 10 = {RANDOM_DIGIT:.2f}): neither "
+                         "model learned to recall facts at this budget")
+        return Verdict(status, sentence, v.numbers)
 
     return judge
 
