@@ -241,8 +241,8 @@ def test_one_optimizer_step_at_125m_runs_on_cpu_with_its_peak_memory(model, reco
     """size=125m (Table 3: 12 blocks of width 768; Mamba 24) at a 64-token context: one AdamW step of the
     training recipe in a fresh process, finite, updating the weights; its peak resident memory grows by at
     least the parameters (4 bytes each) and stays under 4 GB. The high-water mark is recorded, not bounded
-    tighter: it was 19 bytes a parameter in one environment and 11.5 in a clean clone (allocator and kernel
-    page accounting differ), below the 16 bytes that parameters, gradients and AdamW's moments need at once."""
+    tighter: it was 19 bytes a parameter in one environment and 11.5 in a clean clone (unexplained), below
+    the 16 bytes that parameters, gradients and AdamW's moments need at once."""
     args = argparse.Namespace(size="125m", seq_len=64, micro_batch=1, vocab_size=LLAMA_VOCAB, threads=1,
                               set=[])
     row = in_fresh_process(model, args)
