@@ -85,8 +85,12 @@ POSITIVE_INTS = {
 POSITIVE_NUMBERS = {"recipe.lr": 3e-3, "recipe.grad_clip": 1.0}
 
 
-def check_recipe(cfg: DictConfig) -> None:
-    """The learning-rate schedule (warm-up then cosine to min_lr, module.py) of either task."""
+def check_recipe_and_trainer(cfg: DictConfig) -> None:
+    """What both tasks share: the learning-rate schedule (warm-up then cosine to min_lr, module.py) and a
+    trainer this machine can run."""
+    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
+                        "has none; use trainer=cpu (the default)")
     lr, min_lr, warmup = cfg.recipe.lr, cfg.recipe.get("min_lr", 0.0), cfg.recipe.get("warmup_fraction", 0.0)
     if not (_number(min_lr) and 0 <= min_lr <= lr):
         raise UserError(f"recipe.min_lr={min_lr!r} must be a number between 0 and recipe.lr={lr}")
@@ -107,16 +111,11 @@ def check_config(cfg: DictConfig) -> None:
         if value is not None and (not _number(value) or not isinstance(value, number) or value <= 0):
             kind = "a positive integer" if key in POSITIVE_INTS else "a positive number"
             raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
-    check_recipe(cfg)
+    check_recipe_and_trainer(cfg)
     if cfg.size.d_model % cfg.size.n_heads:
         raise UserError(
             f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
             "pick a number of heads that divides the width"
-        )
-    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise UserError(
-            f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
-            "has none; use trainer=cpu (the default)"
         )
     seq_len, max_len = cfg.data.seq_len, cfg.model.get("max_seq_len")
     if max_len is not None and seq_len > max_len:
@@ -152,7 +151,7 @@ def check_image_config(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if not _number(value) or value <= 0:
             raise UserError(f"{key}={value!r} must be a positive number")
-    check_recipe(cfg)
+    check_recipe_and_trainer(cfg)
     if cfg.size.d_model % cfg.size.n_heads:
         raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
                         "pick a number of heads that divides the width")
@@ -168,9 +167,6 @@ def check_image_config(cfg: DictConfig) -> None:
     if mixer.get("sgd") and isinstance(steps, int) and steps >= 1 and tokens and tokens % steps:
         raise UserError(f"inner SGD splits the {tokens} tokens of an image into model.mixer.steps={steps} "
                         "mini-batches; pick steps that divide the number of tokens")
-    if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
-                        "has none; use trainer=cpu (the default)")
 
 
 def image_geometry(cfg: DictConfig, world_size: int) -> dict:
@@ -268,6 +264,28 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
             "init_from": init_from}
 
 
+def run_summary(cfg: DictConfig, run: dict) -> dict:
+    """What metrics.json says of any run: what was trained, how long, how fast, in the task's unit
+    (`tokens_seen`, `tokens_per_s`, ... or `images_seen`, `images_per_s`, ...)."""
+    module, timer, wall, unit = run["module"], run["timer"], run["wall"], run["module"].unit
+    steady = timer.tokens_per_s()
+    return {
+        "status": "finished",
+        "model": cfg.model.name,
+        "size": cfg.size.name,
+        "data": cfg.data.name,
+        "params": module.model.num_params(False),
+        "non_embedding_params": module.model.num_params(),
+        "steps": run["trainer"].global_step,
+        f"{unit}_seen": module.tokens_seen,
+        "skipped_steps": module.skipped_steps,
+        "wall_time_s": round(wall, 2),
+        f"{unit}_per_s": round(module.tokens_seen / max(wall, 1e-9), 1),
+        f"steady_{unit}_per_s": None if steady is None else round(steady, 1),
+        "steady_steps": timer.timed_steps,
+    }
+
+
 def world_size(cfg: DictConfig) -> int:
     """Processes of the run: nodes x devices per node (devices=-1: every GPU of the node)."""
     devices = torch.cuda.device_count() if cfg.trainer.devices == -1 else int(cfg.trainer.devices)
@@ -290,8 +308,8 @@ def train_lm(cfg: DictConfig, run_dir: Path) -> dict:
     check_config(cfg)
     geo = batch_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
-    dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
-    if not trainer.is_global_zero:  # the other ranks of a multi-process run: rank 0 evaluates and writes
+    dm, module = run["dm"], run["module"]
+    if not run["trainer"].is_global_zero:  # the other ranks of a multi-process run: rank 0 writes
         return {}
     init_from = run["init_from"]
 
@@ -300,20 +318,8 @@ def train_lm(cfg: DictConfig, run_dir: Path) -> dict:
     save_inner_losses(run_dir / "inner_losses.csv", inner_losses(module.model, dm.val_dataset()))
     tokens_seen = module.tokens_seen
     metrics = {
-        "status": "finished",
-        "model": cfg.model.name,
-        "size": cfg.size.name,
-        "data": cfg.data.name,
+        **run_summary(cfg, run),
         "seq_len": cfg.data.seq_len,
-        "params": module.model.num_params(False),
-        "non_embedding_params": module.model.num_params(),
-        "steps": trainer.global_step,
-        "tokens_seen": tokens_seen,
-        "skipped_steps": module.skipped_steps,
-        "wall_time_s": round(wall, 2),
-        "tokens_per_s": round(tokens_seen / max(wall, 1e-9), 1),
-        "steady_tokens_per_s": None if timer.tokens_per_s() is None else round(timer.tokens_per_s(), 1),
-        "steady_steps": timer.timed_steps,
         **result,
         "val_bpb": bits_per_byte(result["val_loss"], dm.bytes_per_token()),
         "train_flops": train_flops(cfg, dm.vocab_size, tokens_seen),
@@ -337,8 +343,8 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
     check_image_config(cfg)
     geo = image_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
-    dm, module, trainer, timer, wall = run["dm"], run["module"], run["trainer"], run["timer"], run["wall"]
-    if not trainer.is_global_zero:  # the other ranks of a multi-process run: rank 0 evaluates and writes
+    dm, module = run["dm"], run["module"]
+    if not run["trainer"].is_global_zero:  # the other ranks of a multi-process run: rank 0 writes
         return {}
     batch = cfg.data.micro_batch_size
     val, val_rows = evaluate_classifier(module.model, dm.val_dataset(), batch, "val")
@@ -350,23 +356,11 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
     images = module.tokens_seen
     flops = count_flops(module.model, dm.token_dim, dm.num_tokens)
     metrics = {
-        "status": "finished",
         "task": "image",
-        "model": cfg.model.name,
-        "size": cfg.size.name,
-        "data": cfg.data.name,
+        **run_summary(cfg, run),
         "patch_size": dm.patch_size,
         "image_size": dm.side,
         "num_tokens": dm.num_tokens,
-        "params": module.model.num_params(False),
-        "non_embedding_params": module.model.num_params(),
-        "steps": trainer.global_step,
-        "images_seen": images,
-        "skipped_steps": module.skipped_steps,
-        "wall_time_s": round(wall, 2),
-        "images_per_s": round(images / max(wall, 1e-9), 1),
-        "steady_images_per_s": None if timer.tokens_per_s() is None else round(timer.tokens_per_s(), 1),
-        "steady_steps": timer.timed_steps,
         **val,
         **test,
         "forward_flops_per_image": flops,
