@@ -2,7 +2,7 @@
 machine, and what it costs: the model built from its config as training builds it, one micro-batch of
 `--seq-len` random tokens (forward, cross-entropy, backward), clipping by the global norm and the AdamW update
 of the training recipe (LitLM's parameter groups). Each model runs in a fresh process, so that its peak
-memory, the resident set's high-water mark (getrusage ru_maxrss: the interpreter, torch, the parameters, their
+memory, the resident set's high-water mark (Linux's VmHWM: the interpreter, torch, the parameters, their
 gradients, AdamW's two moments and the activations), is its own; `base_rss_mb` is that process's before the
 model is built.
 
@@ -39,7 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _max_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+    """This process's resident high-water mark. Linux's VmHWM belongs to the process's own address space;
+    getrusage's ru_maxrss survives exec: a child of a large parent (pytest) would report the parent's."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024  # kB
+    except (OSError, StopIteration):
+        per_kb = 1024 if sys.platform == "darwin" else 1  # bytes on macOS, kilobytes on Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / per_kb / 1024
 
 
 def one_step(model: str, size: str = "125m", seq_len: int = 64, micro_batch: int = 1,
@@ -80,7 +87,7 @@ def one_step(model: str, size: str = "125m", seq_len: int = 64, micro_batch: int
 
 
 def in_fresh_process(model: str, args) -> dict:
-    """one_step in a new interpreter (its own ru_maxrss); a crash or an out-of-memory kill becomes a note."""
+    """one_step in a new interpreter (its own peak memory); a crash or an out-of-memory kill is a note."""
     spec = {"model": model, "size": args.size, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
             "vocab_size": args.vocab_size, "threads": args.threads, "overrides": list(args.set)}
     done = subprocess.run([sys.executable, "-m", "ttt_bench.bench.step", json.dumps(spec)],
