@@ -203,3 +203,30 @@ def test_real_pile_mini_reads(shared_data, tmp_path):
     )
     docs = list(corpus.documents("train"))
     assert len(docs) == 20 and all(isinstance(d, str) and d for d in docs)
+
+
+def test_corpus_fingerprint_follows_content_not_file_times(tmp_path):
+    """A corpus copied to a new place or re-provisioned (new mtimes) keeps its token cache and run folders;
+    a truncated shard (an interrupted download) or a changed tail does not."""
+    import os
+    import shutil
+
+    from ttt_bench.data.corpora import file_fingerprint
+
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(os.urandom(3 << 20))
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy(big, copy)
+    os.utime(copy, (0, 0))
+    assert file_fingerprint(str(copy)) == file_fingerprint(str(big))
+    with open(copy, "r+b") as f:
+        f.truncate((3 << 20) - 1)
+    assert file_fingerprint(str(copy)) != file_fingerprint(str(big))
+    shutil.copy(big, copy)
+    with open(copy, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\0" if big.read_bytes()[-1:] != b"\0" else b"\1")
+    assert file_fingerprint(str(copy)) != file_fingerprint(str(big))
+    before = LocalCorpus(train_files=str(big)).fingerprint()
+    os.utime(big, (0, 0))  # touched, as a fresh checkout of the data would be
+    assert LocalCorpus(train_files=str(big)).fingerprint() == before

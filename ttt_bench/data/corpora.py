@@ -44,6 +44,22 @@ def _sha(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+SAMPLE_BYTES = 1 << 20
+
+
+def file_fingerprint(path: str) -> str:
+    """A file's size and a hash of its first and last MiB: the same for a copy of the file (unlike its mtime,
+    which a fresh checkout or a copy to scratch renews), different for a truncated, extended or replaced one.
+    An edit that keeps the size and touches only the middle of a file larger than 2 MiB goes unseen."""
+    digest, size = hashlib.blake2b(digest_size=8), os.path.getsize(path)
+    with open(path, "rb") as f:
+        digest.update(f.read(SAMPLE_BYTES))
+        if size > SAMPLE_BYTES:
+            f.seek(max(SAMPLE_BYTES, size - SAMPLE_BYTES))
+            digest.update(f.read())
+    return f"{size}:{digest.hexdigest()}"
+
+
 def _in_validation(index: int, val_fraction: float) -> bool:
     """Deterministic document-level split for corpora without a validation file."""
     h = int(hashlib.blake2b(str(index).encode(), digest_size=8).hexdigest(), 16)
@@ -165,10 +181,10 @@ class LocalCorpus:
 
     def fingerprint(self) -> str:
         files = {
-            s: [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in self._files(s)] for s in SPLITS
+            s: [(f, file_fingerprint(f)) for f in self._files(s)] for s in SPLITS
         }
         return _sha(
-            "local-v1",
+            "local-v2",
             files,
             self.pile_set_names,
             self.val_fraction,
