@@ -258,3 +258,19 @@ def test_token_cache_detects_partial_truncated_and_foreign_caches(tmp_path):
     assert load_tokens(tmp_path, other_key, "train") is None
     (folder / "train.json").write_text("{not json")  # corrupt metadata
     assert load_tokens(tmp_path, key, "train") is None
+
+
+@pytest.mark.parametrize("root_first", [True, False], ids=["root-first", "lightning-first"])
+def test_each_lightning_message_is_logged_once_in_the_runs_format(root_first):
+    """The reproduce pipeline configures logging before importing Lightning, Hydra's job logging after: either
+    way each Lightning line prints once, through the root logger's handler (its format, its log file)."""
+    import subprocess
+    import sys
+
+    configure = "import logging, sys; logging.basicConfig(stream=sys.stdout, format='ROOT %(message)s')"
+    imports = "import lightning; from ttt_bench.training.train import one_line_per_lightning_message"
+    order = [configure, imports] if root_first else [imports, configure]
+    script = "; ".join([*order, "one_line_per_lightning_message()", "lightning.seed_everything(3)"])
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if "Seed set to 3" in line]
+    assert lines == ["ROOT Seed set to 3"], out.stdout + out.stderr

@@ -14,6 +14,7 @@ training loop's own throughput, the number to compare with `ttt-bench bench mode
 
 import logging
 import math
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -44,6 +45,22 @@ from .run_folder import claim, identity, locked
 log = logging.getLogger(__name__)
 # Lightning advertises a hosted logger at every fit (a "Tip:" line): not a message for our users.
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
+# Lightning 2.6's pytree helper uses an API torch 2.13 deprecates: a line per fit, nothing to act on.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def one_line_per_lightning_message() -> None:
+    """`import lightning` gives the `lightning` logger a console handler of its own, and `lightning.pytorch` /
+    `lightning.fabric` one each when the root logger had none yet; with the root logger configured (Hydra's
+    job logging, the reproduce pipeline) every Lightning line then printed twice, or once without the run's
+    log format and log file. Where the root logger has handlers, Lightning's lines go through them alone."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
@@ -205,6 +222,7 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
     found = find_resume_checkpoint(cfg.ckpt_path, run_dir, OmegaConf.to_container(cfg.model, resolve=True))
     resume, resume_step = (found[0], found[1]["global_step"]) if found else (None, 0)
     del found  # the trainer loads it again
+    one_line_per_lightning_message()
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg)
     if rank_zero_only.rank == 0:
