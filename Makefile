@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 PROFILE ?= quick
 STEPS ?=
+JOBS ?= 2
 DATA_DIR ?=
 EXTRAS ?= dev
 
@@ -28,7 +29,7 @@ lint: setup
 	$(VENV)/bin/ruff check ttt_bench cli kernels tests
 
 reproduce: setup
-	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(if $(STEPS),--steps $(STEPS))
+	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(if $(STEPS),--steps $(STEPS)) --jobs $(JOBS)
 
 # The speed figures of the README (docs/speed.md): every suite at the CPU reference size, into results/speed/.
 bench: SHELL := /bin/bash

@@ -339,5 +339,19 @@ def test_a_run_in_use_by_another_sweep_process_is_skipped_and_left_alone(tmp_pat
 
     run_dir = tmp_path / "ok"
     with locked(run_dir), initialize_config_module("ttt_bench.conf", version_base="1.3"):
-        sweeps.run_one("ok", sweeps._run([*TINY, "model=transformer"], label="Transformer"), run_dir)
+        sweeps.run_one("ok", sweeps._run([*TINY, "model=transformer"], label="Transformer"), run_dir,
+                       sweeps.Progress(tmp_path / "progress.json"))
     assert not (run_dir / "metrics.json").exists() and not sweeps.finished(run_dir)
+
+
+def test_the_pipeline_progress_line_is_shared_by_every_process_through_its_file(tmp_path, caplog):
+    """Joblib's workers and a second `make reproduce` report one progress line: the plan lives in a file and
+    the run folders say what has finished (a run finished before the plan counts as done, not as speed)."""
+    runs = {n: sweeps._run([*TINY, "model=transformer"], label="Transformer") for n in ("a", "b", "c")}
+    (tmp_path / "a").mkdir()
+    sweeps.write_json(tmp_path / "a" / "metrics.json", {"status": "finished"})  # from an earlier session
+    sweeps.Progress(tmp_path / "progress.json").plan(runs, tmp_path)
+    sweeps.write_json(tmp_path / "b" / "metrics.json", {"status": "finished"})  # another worker's, just now
+    with caplog.at_level("INFO", logger=sweeps.log.name):
+        sweeps.Progress.load(tmp_path / "progress.json").begin("c")
+    assert "run 3/3 (c)" in caplog.text and "ETA 0 min" in caplog.text

@@ -153,6 +153,7 @@ def sweep_step(name: str, ctx: dict) -> tuple[Step, pd.DataFrame]:
         ctx["runs"] / name,
         ctx["data_dir"],
         pipeline=ctx["progress"],
+        launcher=ctx["launcher"],
         committed=step.dir / "registry.csv",
         train=ctx["train"],
     )
@@ -279,6 +280,7 @@ def step_recall(ctx: dict) -> None:
         ctx["runs"] / "recall",
         ctx["data_dir"],
         pipeline=ctx["progress"],
+        launcher=ctx["launcher"],
         committed=step.dir,
         train=ctx["train"],
     )
@@ -525,6 +527,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default results/)")
     p.add_argument("--runs", type=Path, help="run folders (default: $TTT_BENCH_RUNS/reproduce-PROFILE)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at once (Hydra's joblib launcher, a thread each); latency runs alone")
     p.add_argument("--report-only", action="store_true", help="assemble REPORT.md from the step folders")
     p.add_argument(
         "--no-train",
@@ -534,6 +538,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     steps = [s for s in a.steps.split(",") if s]
+    if a.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {a.jobs}")
     if unknown := set(steps) - set(STEPS):
         p.error(f"unknown step(s) {', '.join(sorted(unknown))}; use {','.join(STEPS)}")
     if a.profile == "paper" and not torch.cuda.is_available():
@@ -556,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
     make = f"make reproduce PROFILE={a.profile}{data}"
     if not a.report_only:
         runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
-        progress = Progress()
+        progress = Progress(runs / "progress.json")
         for _, folder, planned in planned_runs(a.profile, a.data_dir, steps):
             progress.plan(planned, (runs / folder).resolve())
         ctx = {
@@ -566,6 +572,7 @@ def main(argv: list[str] | None = None) -> None:
             "runs": runs.resolve(),
             "train": not a.no_train,
             "progress": progress,
+            "launcher": ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.jobs}"] if a.jobs > 1 else [],
             "flags": f" --profile {a.profile}" + (f" --data-dir {a.data_dir}" if a.data_dir else ""),
         }
         for s in steps:

@@ -382,46 +382,52 @@ def one_line(e: BaseException) -> str:
 
 class Progress:
     """The whole pipeline's progress line, "run k/N, elapsed, ETA": `make reproduce` plans it over every
-    sweep; a sweep run alone counts its own runs. The ETA scales the time spent so far by the planned
-    tokens still to train (composed here, before Hydra's multirun holds the global config)."""
+    sweep; a sweep run alone counts its own runs. It lives in a file (`path`), so that every process that
+    trains the pipeline's runs (Hydra's joblib workers, a second `make reproduce`) reports the same line; the
+    run folders say which runs have finished. The ETA scales the time spent so far by the planned tokens
+    still to train (composed here, before Hydra's multirun holds the global config)."""
 
-    def __init__(self):
-        self.tokens: dict[str, float] = {}  # planned tokens of the runs still to train
-        self.total = self.done = 0
-        self.tokens_done = 0.0
-        self.start = None
+    def __init__(self, path: Path, tokens: dict | None = None, finished_before: list | None = None,
+                 start: float | None = None):
+        self.path = Path(path)
+        self.tokens: dict[str, float] = tokens or {}  # run folder -> planned tokens
+        self.finished_before = set(finished_before or ())  # finished when planned: not this session's work
+        self.start = start or time.time()
 
     def plan(self, runs: dict, out: Path) -> None:
         from ..config import compose
 
         for name, spec in runs.items():
-            self.total += 1
-            if finished(out / name):
-                self.done += 1
+            run_dir = str(Path(out) / name)
+            if finished(run_dir):
+                self.finished_before.add(run_dir)
+                self.tokens[run_dir] = 0.0
                 continue
             try:
-                self.tokens[name] = float(compose("train", spec["overrides"]).recipe.total_tokens)
+                self.tokens[run_dir] = float(compose("train", spec["overrides"]).recipe.total_tokens)
             except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
-                self.tokens[name] = 0.0
+                self.tokens[run_dir] = 0.0
+        write_json(self.path, {"tokens": self.tokens, "finished_before": sorted(self.finished_before),
+                               "start": self.start})
+
+    @classmethod
+    def load(cls, path: Path) -> "Progress":
+        try:
+            return cls(path, **json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError):
+            return cls(path)
 
     def begin(self, name: str) -> None:
-        self.start = self.start or time.perf_counter()
-        elapsed = time.perf_counter() - self.start
-        left = sum(self.tokens.values())
-        eta = (
-            f"ETA {elapsed / self.tokens_done * left / 60:.0f} min" if self.tokens_done else "ETA after a run"
-        )
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", self.done + 1, self.total, name, elapsed / 60, eta)
-
-    def end(self, name: str) -> None:
-        self.done += 1
-        self.tokens_done += self.tokens.pop(name, 0.0)
+        done = {d for d in self.tokens if finished(d)}
+        trained = sum(t for d, t in self.tokens.items() if d in done and d not in self.finished_before)
+        left = sum(t for d, t in self.tokens.items() if d not in done)
+        elapsed = time.time() - self.start
+        eta = f"ETA {elapsed / trained * left / 60:.0f} min" if trained else "ETA after a run"
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + 1, len(self.tokens), name, elapsed / 60,
+                 eta)
 
 
-progress = Progress()  # the one run_one reports to; run_sweep installs it
-
-
-def run_one(name: str, spec: dict, run_dir: Path) -> None:
+def run_one(name: str, spec: dict, run_dir: Path, progress: Progress) -> None:
     """Train one run of a plan unless it has finished; record a failure instead of raising."""
     import hydra
 
@@ -448,13 +454,12 @@ def run_one(name: str, spec: dict, run_dir: Path) -> None:
     except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
         log.exception("run %s failed", name)
         record_failure(run_dir, one_line(e))
-    progress.end(name)
 
 
 def _job(cfg) -> None:
     """The Hydra task of a sweep's multirun: one run of the plan, picked by `+run=<name>`."""
     plan = json.loads(Path(cfg.sweep_plan).read_text())
-    run_one(cfg.run, plan["runs"][cfg.run], Path(plan["dir"]) / cfg.run)
+    run_one(cfg.run, plan["runs"][cfg.run], Path(plan["dir"]) / cfg.run, Progress.load(plan["progress"]))
 
 
 def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
@@ -510,21 +515,20 @@ def run_sweep(
     registry. `pipeline`: the progress of a whole pipeline this sweep is part of (else its own);
     `committed`: a registry of earlier sessions whose finished runs count as done (see `restore`);
     `train=False` tabulates the runs finished so far and trains nothing; `options` go to the planner."""
-    global progress
     out = Path(out).resolve()
     runs = plan_sweep(name, profile, data_dir, **(options or {}))
     if committed is not None:
         restore(out, runs, committed)
     if pipeline is None:
-        pipeline = Progress()
+        pipeline = Progress(out / "progress.json")
         pipeline.plan(runs, out)
-    progress = pipeline
     for spec in runs.values():  # TF finetune starts from the weights of the run it depends on
         if spec["after"] is not None:
             ckpt = out / spec["after"] / "checkpoints" / "last.ckpt"
             spec["overrides"].append(f"recipe.init_from='{ckpt}'")
     plan_path = out / "plan.json"
-    plan = {"sweep": name, "profile": profile, "dir": str(out), "order": list(runs), "runs": runs}
+    plan = {"sweep": name, "profile": profile, "dir": str(out), "order": list(runs), "runs": runs,
+            "progress": str(pipeline.path)}
     write_json(plan_path, plan)
     valid = check_configs(runs, out)
     for stage in (False, True):  # runs without dependencies, then those that start from another run
