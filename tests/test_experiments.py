@@ -109,6 +109,22 @@ def test_table1_markdown_has_means_diffs_floors_and_undertrained_marks():
     assert "*Transformer++ (reference)* | 8.00 |" in md and "| *bigram floor* | 14.00 |" in md
 
 
+
+def test_a_sweep_table_judges_each_row_against_the_floor_of_its_own_text_and_context():
+    """The scaling table holds Pile and Books rows at several contexts: each row is marked under-trained
+    against the bigram floor of the text and context it was validated on, and each floor row says which."""
+    from ttt_bench.experiments.measure import summary_table
+
+    reg = pd.DataFrame({"run": ["p", "b"], "config": ["p", "b"], "role": ["pile", "books"],
+                        "seq_len": [256, 1024], "label": ["TTT", "TTT"], "val_ppl": [12.0, 12.0],
+                        "status": ["finished"] * 2})
+    floors = pd.DataFrame({"role": ["pile", "books"], "seq_len": [256, 1024], "floor": ["bigram", "bigram"],
+                           "val_ppl": [14.0, 11.0]})
+    md = summary_table(reg, ["role", "seq_len", "label"], floors)
+    assert "| pile | 256 | TTT | 12.00 | 1 |" in md
+    assert "| books | 1024 | TTT | 12.00 (under-trained) | 1 |" in md
+    assert "| books | 1024 | *bigram floor* | 11.00 |  |" in md
+
 def test_time_w_and_z_splits_forward_time():
     df = time_w_and_z([1, 4, "T"], batch=1, heads=2, head_dim=8, seq_len=16, repeats=1)
     assert list(df["mini_batch"]) == [1, 4, 16] and (df[["w_ms", "total_ms"]] > 0).all().all()

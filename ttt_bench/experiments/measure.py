@@ -31,12 +31,34 @@ def fmt_ppl(mean: float, std: float, n: int) -> str:
     return f"{mean:.2f}" if n < 2 else f"{mean:.2f} +- {std:.2f}"
 
 
-def floor_rows(floors: pd.DataFrame | None, columns: int) -> list[str]:
-    """Markdown rows of the n-gram floors (a table's reference lines), one per order."""
+FLOOR_KEYS = ("role", "seq_len")  # what a floor is of: the validation text (by its role) at a context
+
+
+def floor_rows(floors: pd.DataFrame | None, keys: list[str], trailing: int) -> list[str]:
+    """Markdown rows of the n-gram floors (a table's reference lines), one per text, context and order: the
+    text and context in the key columns that name them, the floor's name in the `label` (else the last) key
+    column, its perplexity in the column after the keys, then `trailing` empty cells."""
     if floors is None or floors.empty:
         return []
-    pad = " | " * (columns - 2)
-    return [f"| *{r.floor} floor* | {r.val_ppl:.2f}{pad}|" for r in floors.itertuples()]
+    name = keys.index("label") if "label" in keys else len(keys) - 1
+    lines = []
+    for r in floors.to_dict("records"):
+        cells = [str(r[k]) if k in FLOOR_KEYS and k in r else "" for k in keys]
+        cells[name] = f"*{r['floor']} floor*"
+        lines.append("| " + " | ".join([*cells, f"{r['val_ppl']:.2f}", *[""] * trailing]) + " |")
+    return lines
+
+
+def bigram_floor(floors: pd.DataFrame | None, row) -> float | None:
+    """The byte-bigram floor of the text and context a table row was validated on (the lowest where the
+    row does not say): a model that does not beat it is under-trained."""
+    if floors is None or floors.empty:
+        return None
+    f = floors[floors["floor"] == "bigram"]
+    for k in FLOOR_KEYS:
+        if k in f and pd.notna(row.get(k)) and (f[k].astype(str) == str(row.get(k))).any():
+            f = f[f[k].astype(str) == str(row.get(k))]
+    return None if f.empty else float(f["val_ppl"].min())
 
 
 def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
@@ -45,9 +67,6 @@ def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[
     cfg = by_config(registry)
     rows = cfg[cfg["row"].notna()].sort_values("row")
     refs = cfg[cfg["row"].isna()]
-    bigram = (
-        None if floors is None or floors.empty else floors.loc[floors["floor"] == "bigram", "val_ppl"].min()
-    )
     fmt = lambda v, signed=False: "-" if pd.isna(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
     diff, paper = rows["ppl_mean"].diff(), pd.to_numeric(rows["paper_ppl"], errors="coerce")
     paper_diff = paper - paper.ffill().shift()  # from the nearest row above that the paper has
@@ -56,6 +75,7 @@ def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[
         "|---|---:|---:|---:|---:|---:|",
     ]
     for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper_diff, strict=True):
+        bigram = bigram_floor(floors, r)
         mark = " (under-trained)" if bigram is not None and r["ppl_mean"] >= bigram else ""
         lines.append(
             f"| {r['label']} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
@@ -66,20 +86,24 @@ def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[
             f"| *{r['label']} (reference)* | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])} | | "
             f"{r['seeds']} | | |"
         )
-    lines += floor_rows(floors, 6)
+    lines += floor_rows(floors, ["label"], 4)
     table = pd.concat([rows, refs])[["config", "label", "ppl_mean", "ppl_std", "seeds", "paper_ppl"]]
     return table, "\n".join(lines) + "\n"
 
 
 def summary_table(registry: pd.DataFrame, keys: list[str], floors: pd.DataFrame | None = None) -> str:
-    """Any sweep as Markdown: `keys` columns, then perplexity mean +- std over seeds, and the floors."""
+    """Any sweep as Markdown: `keys` columns, then perplexity mean +- std over seeds (marked under-trained
+    where it does not beat its text's byte-bigram floor), and the floors."""
     cfg = by_config(registry)
     head = "| " + " | ".join(keys) + " | Ppl. (mean +- std) | seeds |"
     lines = [head, "|" + "---|" * (len(keys) + 2)]
     for _, r in cfg.iterrows():
         values = " | ".join("" if pd.isna(r.get(k)) else str(r.get(k)) for k in keys)
-        lines.append(f"| {values} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])} | {r['seeds']} |")
-    lines += floor_rows(floors, len(keys) + 2)
+        bigram = bigram_floor(floors, r)
+        mark = " (under-trained)" if bigram is not None and r["ppl_mean"] >= bigram else ""
+        ppl = fmt_ppl(r["ppl_mean"], r["ppl_std"], r["seeds"])
+        lines.append(f"| {values} | {ppl}{mark} | {r['seeds']} |")
+    lines += floor_rows(floors, keys, 1)
     return "\n".join(lines) + "\n"
 
 
