@@ -207,7 +207,7 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
             add(
                 "books",
                 ft["from"],
-                methods[ft["from"]]["label"],
+                f"{methods[ft['from']]['label']} (pretraining of the matched TF finetune)",
                 size,
                 base,
                 [*methods[ft["from"]]["overrides"], *extra],
