@@ -371,3 +371,22 @@ def test_the_pipeline_progress_line_is_shared_by_every_process_through_its_file(
     with caplog.at_level("INFO", logger=sweeps.log.name):
         sweeps.Progress.load(tmp_path / "progress.json").begin("c")
     assert "run 3/3 (c)" in caplog.text and "ETA 0 min" in caplog.text
+
+
+def test_a_run_waits_while_another_process_trains_the_run_it_starts_from(tmp_path, monkeypatch):
+    """TF finetune starts from another run: while a second process of the sweep trains that run, the
+    finetune is left for later (not recorded as failed); a parent that failed fails it."""
+    import copy
+
+    from ttt_bench.training.run_folder import locked
+
+    tiny = [*TINY, "model=transformer"]
+    plan = {"a": sweeps._run(tiny, label="a"), "b": sweeps._run([*tiny, "recipe=finetune"], label="b")}
+    plan["b"]["after"] = "a"
+    monkeypatch.setattr(sweeps, "plan_sweep", lambda *a, **k: copy.deepcopy(plan))
+    with locked(tmp_path / "a"):  # the other process
+        sweeps.run_sweep("table1", "smoke", tmp_path)
+    assert not (tmp_path / "b" / "metrics.json").exists()
+    plan["a"]["overrides"] = [*tiny, "model=no_such_model"]
+    sweeps.run_sweep("table1", "smoke", tmp_path)
+    assert "did not finish" in json.loads((tmp_path / "b" / "metrics.json").read_text())["error"]

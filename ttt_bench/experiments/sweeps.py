@@ -30,6 +30,7 @@ import yaml
 from ..errors import UserError
 from ..flops import match_flops
 from ..io import write_atomic, write_json
+from ..training.run_folder import in_use
 
 log = logging.getLogger(__name__)
 SWEEPS = ("table1", "minibatch", "scaling", "recall", "longrange")
@@ -537,7 +538,10 @@ def run_sweep(
             if (runs[n]["after"] is not None) != stage or finished(out / n):
                 continue
             if stage and not finished(out / runs[n]["after"]):
-                record_failure(out / n, f"the run it starts from ({runs[n]['after']}) did not finish")
+                if in_use(out / runs[n]["after"]):  # another process of this sweep trains it: its turn
+                    log.info("run %s waits for %s, trained by another process", n, runs[n]["after"])
+                else:
+                    record_failure(out / n, f"the run it starts from ({runs[n]['after']}) did not finish")
                 continue
             todo.append(n)
         log.info("sweep %s (%s): %d runs to train%s", name, profile, len(todo), "" if stage else " first")

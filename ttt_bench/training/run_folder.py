@@ -48,6 +48,15 @@ def locked(run_dir: Path, enabled: bool = True):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def in_use(run_dir: Path) -> bool:
+    """Whether another process holds `run_dir`'s lock now (is training it)."""
+    try:
+        with locked(Path(run_dir)):
+            return False
+    except RunFolderInUse:
+        return True
+
+
 def identity(cfg: DictConfig, data_fingerprint: str | None) -> dict:
     """What the run's result depends on: the resolved config without the operational keys, and the data."""
     config = OmegaConf.to_container(cfg, resolve=True)
