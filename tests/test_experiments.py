@@ -133,6 +133,8 @@ def test_time_w_and_z_splits_forward_time():
 def test_lower_hull_and_figures(tmp_path):
     x, y = figures.lower_hull([1e10, 2e10, 4e10, 8e10], [10.0, 12.0, 8.0, 7.9])
     assert list(x) == pytest.approx([1e10, 4e10, 8e10])
+    x, _ = figures.lower_hull([1e10, 5e10, 8e10], [20.0, 6.4, 7.7])  # more FLOPs, worse: dominated
+    assert list(x) == pytest.approx([1e10, 5e10])
     bench = pd.DataFrame(
         {
             "model": ["transformer"] * 2,

@@ -407,7 +407,8 @@ def scaling(reg: pd.DataFrame, stem: Path, floors: dict | None = None) -> list[P
 
 
 def _lower_hull_index(x, y) -> list[int]:
-    """Indices of the lower convex hull (monotone chain) of points in log-log space, left to right."""
+    """Indices of the lower convex hull (monotone chain) of points in log-log space, left to right, up to its
+    lowest point: a point with more FLOPs and a higher perplexity is dominated, not on the frontier."""
     pts = sorted(zip(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), range(len(x)), strict=True))
     hull: list = []
     for p in pts:
@@ -421,11 +422,12 @@ def _lower_hull_index(x, y) -> list[int]:
         ):
             hull.pop()
         hull.append(p)
-    return [p[2] for p in hull]
+    lowest = min(range(len(hull)), key=lambda i: hull[i][1])
+    return [p[2] for p in hull[: lowest + 1]]
 
 
 def lower_hull(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The lower convex hull of points (monotone chain) in log-log space, left to right."""
+    """The falling part of the lower convex hull of points in log-log space, left to right."""
     idx = _lower_hull_index(x, y)
     return np.asarray(x, float)[idx], np.asarray(y, float)[idx]
 
