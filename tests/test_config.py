@@ -58,3 +58,14 @@ def test_trainer_configs_use_lightning_strategies():
     for trainer in ("ddp", "fsdp", "slurm"):
         cfg = compose("train", [f"trainer={trainer}", "trainer.accelerator=cpu"])
         assert cfg.trainer.precision == "32-true"
+
+
+def test_every_config_group_folder_is_an_installed_package():
+    """conf/ installs as ttt_bench.conf: a config group folder missing from pyproject's package list is left
+    out of a wheel (`pip install .`, a cluster's environment) and makes setuptools warn on every install."""
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    packages = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("ttt_bench", *d.relative_to(root).parts)) for d in (root / "conf").rglob("*")
+               if d.is_dir() and any(d.rglob("*.yaml"))}
+    assert folders <= packages, sorted(folders - packages)
