@@ -392,3 +392,14 @@ def test_a_run_waits_while_another_process_trains_the_run_it_starts_from(tmp_pat
     plan["a"]["overrides"] = [*tiny, "model=no_such_model"]
     sweeps.run_sweep("table1", "smoke", tmp_path)
     assert "did not finish" in json.loads((tmp_path / "b" / "metrics.json").read_text())["error"]
+
+
+def test_a_step_tabulated_without_training_says_so_instead_of_a_wall_time(tmp_path):
+    """`--no-train` tabulates runs that other processes trained: its step.json must not pass the seconds of
+    tabulation off as the step's wall time."""
+    from ttt_bench import reproduce
+
+    reproduce.Step(tmp_path, "scaling", "ttt-bench ablate scaling", trains=False).done()
+    reproduce.Step(tmp_path, "latency", "ttt-bench bench models").done()
+    assert json.loads((tmp_path / "scaling" / "step.json").read_text())["tabulated_only"] is True
+    assert json.loads((tmp_path / "latency" / "step.json").read_text())["tabulated_only"] is False

@@ -118,8 +118,9 @@ def paper_plan(data_dir: str | None) -> pd.DataFrame:
 class Step:
     """One step's folder: what it measured and how (`step.json`), written when the step ends."""
 
-    def __init__(self, out: Path, name: str, command: str):
+    def __init__(self, out: Path, name: str, command: str, trains: bool = True):
         self.dir, self.name, self.command, self.start = out / name, name, command, time.perf_counter()
+        self.trains = trains  # False: tabulated (--no-train) from runs trained by other processes
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def csv(self, name: str, df: pd.DataFrame) -> None:
@@ -139,6 +140,7 @@ class Step:
                 "hardware": hardware(),
                 "wall_time_s": round(time.perf_counter() - self.start, 1),
                 "trained_s": trained,
+                "tabulated_only": not self.trains,
                 "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                 **info,
             },
@@ -146,7 +148,7 @@ class Step:
 
 
 def sweep_step(name: str, ctx: dict) -> tuple[Step, pd.DataFrame]:
-    step = Step(ctx["out"], name, f"ttt-bench ablate {name}{ctx['flags']}")
+    step = Step(ctx["out"], name, f"ttt-bench ablate {name}{ctx['flags']}", trains=ctx["train"])
     reg = run_sweep(
         name,
         ctx["profile"],
@@ -175,8 +177,10 @@ def step_minibatch(ctx: dict) -> None:
     step, reg = sweep_step("minibatch", ctx)
     sweep_dir = ctx["runs"] / "minibatch"
     t = load_sweep("minibatch")
-    timing = time_w_and_z(t["mini_batch_sizes"], **t["timing"][ctx["profile"]])
-    step.csv("timing.csv", timing)
+    measured = step.dir / "timing.csv"
+    if ctx["train"] or not measured.is_file():  # tabulating (--no-train) keeps the timing measured with it
+        step.csv("timing.csv", time_w_and_z(t["mini_batch_sizes"], **t["timing"][ctx["profile"]]))
+    timing = pd.read_csv(measured)
     floors = json.loads((sweep_dir / "floors.json").read_text())
     figures.minibatch(reg, timing, step.dir / "minibatch", floors=floors)
     # Figures 5/17: the inner losses of the b=1 networks of Figure 8, one per seed
@@ -274,7 +278,7 @@ def sweep_folders(step: str, profile: str) -> list[tuple[str, dict]]:
 def step_recall(ctx: dict) -> None:
     """MQAR: each method's learning rate from the calibration grid (where the profile has several), then
     the grid of widths x pairs x seeds at those rates."""
-    step = Step(ctx["out"], "recall", f"ttt-bench ablate recall{ctx['flags']}")
+    step = Step(ctx["out"], "recall", f"ttt-bench ablate recall{ctx['flags']}", trains=ctx["train"])
     reg, cal, lrs = run_recall(
         ctx["profile"],
         ctx["runs"] / "recall",
@@ -462,9 +466,11 @@ def write_report(out: Path, profile: str, data_dir: str | None, make: str) -> Pa
         for r in verdicts[verdicts["figure"].isin(figs)].itertuples():
             parts.append(f"- **{r.verdict}** — {r.claim} {r.evidence}.")
         trained = f"; its runs trained for {meta['trained_s'] / 60:.1f} min" if meta.get("trained_s") else ""
+        wall = ("Tabulated with `--no-train` from runs trained by other processes"
+                if meta.get("tabulated_only") else f"Wall time {meta['wall_time_s'] / 60:.1f} min")
         parts.append(
             f"\n**Command.** `{meta['command']}` (part of `{make}`). Hardware: {meta['hardware']}. "
-            f"Wall time {meta['wall_time_s'] / 60:.1f} min{trained}; finished {meta['finished']}.\n"
+            f"{wall}{trained}; finished {meta['finished']}.\n"
         )
     write_atomic(out / "REPORT.md", "\n".join(parts))
     return out / "REPORT.md"
@@ -491,8 +497,10 @@ def update_readme(readme: Path, out: Path, make: str) -> None:
         if meta.is_file():
             m = json.loads(meta.read_text())
             trained = f" (its runs trained {m['trained_s'] / 60:.0f} min)" if m.get("trained_s") else ""
+            minutes = f"{m['wall_time_s'] / 60:.0f} min"
+            wall = "tabulated with `--no-train`" if m.get("tabulated_only") else minutes
             lines.append(
-                f"- `{step}`: `{m['command']}`, {m['wall_time_s'] / 60:.0f} min{trained} on {m['hardware']}, "
+                f"- `{step}`: `{m['command']}`, {wall}{trained} on {m['hardware']}, "
                 f"finished {m['finished']}"
             )
         else:
