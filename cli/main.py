@@ -9,7 +9,6 @@ import math
 import os
 import shutil
 import sys
-import warnings
 from pathlib import Path
 
 from omegaconf.errors import OmegaConfBaseException
@@ -186,8 +185,6 @@ def dispatch(command: str, args: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    noise = "LeafSpec|does not have many workers|TensorBoard|isinstance\\(treespec|exists and is not empty"
-    warnings.filterwarnings("ignore", message=f".*({noise}).*")
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: ttt-bench {" + ",".join(SUBCOMMANDS) + "} ...\n\nsubcommands (each has --help):")
         for name, text in SUBCOMMANDS.items():

@@ -77,11 +77,17 @@ def select(reg: pd.DataFrame | None, **where) -> pd.DataFrame:
     return df.sort_values("seed")
 
 
-def bigram_floor(floors: pd.DataFrame | None, role, seq_len) -> float | None:
+def bigram_floor(floors: pd.DataFrame | None, role=None, seq_len=None) -> float | None:
+    """The byte-bigram floor of a validation text (by its role) at a context; where the floors do not tell
+    texts or contexts apart (no such column), the lowest."""
     if floors is None or floors.empty:
         return None
-    f = floors[(floors["role"] == role) & (floors["seq_len"] == int(seq_len)) & (floors["floor"] == "bigram")]
-    return float(f["val_ppl"].iloc[0]) if len(f) else None
+    f = floors[floors["floor"] == "bigram"]
+    if "role" in f:
+        f = f[f["role"] == role]
+    if "seq_len" in f:
+        f = f[f["seq_len"] == (int(seq_len) if pd.notna(seq_len) else None)]
+    return float(f["val_ppl"].min()) if len(f) else None
 
 
 def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None) -> list[str]:

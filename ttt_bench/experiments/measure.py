@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from ..models.ttt.dual_scan import ttt_linear_dual
+from .claims import bigram_floor
 
 
 def by_config(reg: pd.DataFrame) -> pd.DataFrame:
@@ -49,16 +50,10 @@ def floor_rows(floors: pd.DataFrame | None, keys: list[str], trailing: int) -> l
     return lines
 
 
-def bigram_floor(floors: pd.DataFrame | None, row) -> float | None:
-    """The byte-bigram floor of the text and context a table row was validated on (the lowest where the
-    row does not say): a model that does not beat it is under-trained."""
-    if floors is None or floors.empty:
-        return None
-    f = floors[floors["floor"] == "bigram"]
-    for k in FLOOR_KEYS:
-        if k in f and pd.notna(row.get(k)) and (f[k].astype(str) == str(row.get(k))).any():
-            f = f[f[k].astype(str) == str(row.get(k))]
-    return None if f.empty else float(f["val_ppl"].min())
+def undertrained_mark(row, floors: pd.DataFrame | None) -> str:
+    """" (under-trained)" for a table row whose mean perplexity does not beat its text's bigram floor."""
+    bigram = bigram_floor(floors, row.get("role"), row.get("seq_len"))
+    return " (under-trained)" if bigram is not None and row["ppl_mean"] >= bigram else ""
 
 
 def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
@@ -75,8 +70,7 @@ def table1(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[
         "|---|---:|---:|---:|---:|---:|",
     ]
     for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper_diff, strict=True):
-        bigram = bigram_floor(floors, r)
-        mark = " (under-trained)" if bigram is not None and r["ppl_mean"] >= bigram else ""
+        mark = undertrained_mark(r, floors)
         lines.append(
             f"| {r['label']} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
             f"{fmt(d, True)} | {r['seeds']} | {fmt(pp)} | {fmt(pd_, True)} |"
@@ -99,8 +93,7 @@ def summary_table(registry: pd.DataFrame, keys: list[str], floors: pd.DataFrame 
     lines = [head, "|" + "---|" * (len(keys) + 2)]
     for _, r in cfg.iterrows():
         values = " | ".join("" if pd.isna(r.get(k)) else str(r.get(k)) for k in keys)
-        bigram = bigram_floor(floors, r)
-        mark = " (under-trained)" if bigram is not None and r["ppl_mean"] >= bigram else ""
+        mark = undertrained_mark(r, floors)
         ppl = fmt_ppl(r["ppl_mean"], r["ppl_std"], r["seeds"])
         lines.append(f"| {values} | {ppl}{mark} | {r['seeds']} |")
     lines += floor_rows(floors, keys, 1)

@@ -45,8 +45,11 @@ from .run_folder import claim, identity, locked
 log = logging.getLogger(__name__)
 # Lightning advertises a hosted logger at every fit (a "Tip:" line): not a message for our users.
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "Tip:" not in r.getMessage())
-# Lightning 2.6's pytree helper uses an API torch 2.13 deprecates: a line per fit, nothing to act on.
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+# Lightning's warnings at every fit that ask nothing of our users (wherever training runs: the CLI, sweeps,
+# the reproduce pipeline): its pytree helper's use of an API torch 2.13 deprecates, few loader workers on
+# purpose, TensorBoard absent, a resumed run's checkpoint folder not empty.
+warnings.filterwarnings(
+    "ignore", message=".*(LeafSpec|does not have many workers|TensorBoard|exists and is not empty).*")
 
 
 def one_line_per_lightning_message() -> None:
