@@ -278,7 +278,19 @@ def test_train_image_end_to_end(tmp_path, one_thread):
     assert rows[0] == "split,layer,step,inner_loss" and len(rows) == 1 + 2 * 2 * 3  # splits x layers x T+1
     losses = np.array([float(r.split(",")[3]) for r in rows[1:]]).reshape(2, 2, 3)
     assert (np.diff(losses, axis=-1) < 0).all(), losses  # on the trained model, every inner step lowers it
-    assert (metrics_path.parent / "checkpoints" / "last.ckpt").is_file()
+    ckpt = metrics_path.parent / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+
+    # eval reads an image checkpoint: the same accuracies and inner losses as the end of training
+    main(["eval", f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"])
+    evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    for key in ("val_accuracy", "test_accuracy", "val_loss", "test_loss"):
+        assert evaluated[key] == pytest.approx(metrics[key], rel=1e-6), key
+    assert (tmp_path / "eval" / "inner_losses.csv").read_text().splitlines()[0] == rows[0]
+    # generate needs a language model: one line and exit 2, no traceback
+    with pytest.raises(SystemExit) as e:
+        main(["generate", str(ckpt), "--prompt", "The"])
+    assert e.value.code == 2
 
 
 def test_image_task_errors(tmp_path):

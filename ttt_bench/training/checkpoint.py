@@ -10,7 +10,7 @@ from lightning.fabric.plugins.io import TorchCheckpointIO
 from ..data.tokenizers import from_spec
 from ..errors import UserError
 from ..io import atomic_file
-from .module import LitLM
+from .module import LitClassifier, LitLM
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +88,21 @@ def find_resume_checkpoint(ckpt_path: str | None, run_dir: Path, model_cfg: dict
     return found
 
 
-def load_checkpoint(path: str | Path, map_location: str = "cpu") -> tuple[LitLM, object]:
-    """The trained module and its tokenizer from a Lightning checkpoint written by `ttt-bench train`."""
+def load_checkpoint(path: str | Path, map_location: str = "cpu", task: str | None = "lm"):
+    """The trained module and its tokenizer (None for an image classifier) from a Lightning checkpoint
+    written by `ttt-bench train`. `task` ("lm", "image" or None for either) is what the caller can use:
+    a checkpoint of the other task is a one-line error."""
     ckpt = read_checkpoint(path, map_location)
     hp = ckpt["hyper_parameters"]
+    found = "image" if "num_classes" in hp else "lm"
+    if task is not None and found != task:
+        what = {"lm": "a language model", "image": "an image classifier (task=image)"}
+        raise UserError(f"{path} holds {what[found]}, this command needs {what[task]}; "
+                        "ttt-bench eval ckpt_path=... evaluates either")
     try:
-        module = LitLM(**hp)
+        module = (LitClassifier if found == "image" else LitLM)(**hp)
         module.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
         raise UserError(f"{path} does not match its model config: {str(e).splitlines()[0]}") from None
     module.to(map_location).eval()
-    return module, from_spec(hp["tokenizer"])
+    return module, (from_spec(hp["tokenizer"]) if found == "lm" else None)

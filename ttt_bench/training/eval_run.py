@@ -1,4 +1,5 @@
-"""`ttt-bench eval`: perplexity, bits per byte and token-index losses of a checkpoint."""
+"""`ttt-bench eval`: perplexity, bits per byte and token-index losses of a language-model checkpoint;
+accuracy on the validation and held-out test images, and the inner losses, of an image classifier."""
 
 import logging
 from pathlib import Path
@@ -9,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import UserError
 from ..io import write_json
 from .checkpoint import load_checkpoint, torch_device
-from .evaluate import bits_per_byte, evaluate, inner_losses, save_inner_losses, save_token_index
+from .evaluate import (bits_per_byte, evaluate, evaluate_classifier, inner_losses, save_inner_losses,
+                       save_token_index)
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
     check_options(cfg)
-    module, _ = load_checkpoint(cfg.ckpt_path, map_location=torch_device(cfg.device))
+    module, _ = load_checkpoint(cfg.ckpt_path, map_location=torch_device(cfg.device), task=None)
     hp = module.hparams
     if cfg.get("data"):
         data = OmegaConf.to_container(cfg.data, resolve=True)
@@ -38,6 +40,8 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     else:
         raise UserError(f"{cfg.ckpt_path} does not say what data it was trained on; pass data=<name>")
     data_cfg = OmegaConf.create(data)
+    if "num_classes" in hp:
+        return eval_classifier(cfg, module, data_cfg, Path(out_dir))
     data_cfg.tokenizer = hp["tokenizer"]  # always the model's own tokenizer
     if cfg.seq_len:
         data_cfg.seq_len = cfg.seq_len
@@ -65,4 +69,30 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
         metrics["val_tokens"],
         out_dir,
     )
+    return metrics
+
+
+def eval_classifier(cfg: DictConfig, module, data_cfg: DictConfig, out_dir: Path) -> dict:
+    """An image checkpoint: loss and accuracy on the validation split and the held-out test split, and the
+    inner losses per layer and step (as `train` writes them at the end of a run)."""
+    if cfg.seq_len:
+        raise UserError(f"seq_len={cfg.seq_len} applies to language models; {cfg.ckpt_path} is an image "
+                        "classifier, whose tokens come from data.patch_size and data.image_size")
+    dm = instantiate(data_cfg)
+    dm.prepare_data()
+    if (dm.token_dim, dm.num_tokens) != (module.hparams["token_dim"], module.hparams["num_tokens"]):
+        raise UserError(f"data {data_cfg.name} gives {dm.num_tokens} tokens of {dm.token_dim} values, "
+                        f"{cfg.ckpt_path} was trained on {module.hparams['num_tokens']} of "
+                        f"{module.hparams['token_dim']}; use its patch_size and image_size")
+    val, val_rows = evaluate_classifier(module.model, dm.val_dataset(), cfg.batch_size, "val")
+    test, test_rows = evaluate_classifier(module.model, dm.test_dataset(), cfg.batch_size, "test")
+    if val_rows:
+        import pandas as pd
+
+        save_inner_losses(out_dir / "inner_losses.csv", pd.DataFrame(val_rows + test_rows))
+    metrics = {"ckpt_path": str(cfg.ckpt_path), "task": "image", "model": module.hparams["model_cfg"].get("name"),
+               "data": data_cfg.name, **val, **test}
+    write_json(out_dir / "metrics.json", metrics)
+    log.info("val accuracy %.4f, test accuracy %.4f; outputs in %s", metrics["val_accuracy"],
+             metrics["test_accuracy"], out_dir)
     return metrics
