@@ -11,7 +11,9 @@ FIGURES = {
     "context": "context length as a hyper-parameter (Fig 13); INPUT: a scaling sweep folder",
     "token-index": "perplexity per token index (Figs 2 right/14); INPUT: a scaling sweep folder",
     "minibatch": "TTT mini-batch size (Fig 8); INPUT: a minibatch sweep folder (with timing.csv)",
-    "inner-loss": "TTT inner losses per layer (Figs 5/17); INPUT: an inner_loss.csv",
+    "inner-loss": "TTT inner losses per layer: against the token index for a language model (Figs 5/17), "
+                  "against the inner step for MTTT (its Figs 1 right/3/4); INPUT: a run's inner_losses.csv "
+                  "or an MTTT step's inner_loss.csv",
     "latency": "latency per token vs context (Figs 3/15); INPUT: CSVs of `ttt-bench bench`",
     "recall": "MQAR answer accuracy vs pairs per width, and vs state size; INPUT: a recall sweep folder",
 }
@@ -71,7 +73,9 @@ def draw(a, src: Path, stem: Path, floors: dict | None) -> list[Path]:
         if a.figure in ("scaling", "context"):
             paths = getattr(figures, a.figure)(read_registry(src), stem, floors=floors)
         elif a.figure == "token-index":
-            paths = figures.token_index(read_registry(src), src, stem, floors=floors)
+            reg = read_registry(src)
+            curves = figures.read_token_index(figures.token_index_runs(reg), src)
+            paths = figures.token_index(reg, curves, stem, floors=floors)
         elif a.figure == "minibatch":
             timing = src / "timing.csv"
             paths = figures.minibatch(
@@ -80,10 +84,26 @@ def draw(a, src: Path, stem: Path, floors: dict | None) -> list[Path]:
         elif a.figure == "recall":
             paths = figures.recall(read_registry(src), stem)
         elif a.figure == "inner-loss":
-            paths = figures.inner_loss(pd.read_csv(src), stem)
+            paths = inner_loss(pd.read_csv(src), src, stem)
         else:
             paths = figures.latency(pd.concat([pd.read_csv(f) for f in a.inputs], ignore_index=True), stem)
     except (ValueError, KeyError, IndexError) as e:
         fail(f"cannot draw {a.figure} from {src} ({type(e).__name__}: {e}); is it the right input? "
              "(see --help)")
     return paths
+
+
+def inner_loss(df, src: Path, stem: Path) -> list[Path]:
+    """A language model's inner losses by token position, or MTTT's by inner step: a run's
+    inner_losses.csv (its validation images) or a reproduce step's inner_loss.csv (one panel a row)."""
+    from ttt_bench.experiments import figures
+    from ttt_bench.experiments.mttt import inner_loss_figure
+
+    if "position" in df:
+        return figures.inner_loss(df, stem)
+    if "config" not in df:  # one MTTT run: its validation images, titled <model>-<size>-<data>-T<tokens>
+        df = df[df["split"] == "val"].assign(config=src.resolve().parent.parent.name)
+    fig = inner_loss_figure(df, min_steps=1)
+    if fig is None:
+        raise ValueError("no inner losses in it")
+    return figures.save(fig, stem)

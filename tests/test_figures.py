@@ -260,7 +260,8 @@ def test_old_registry_without_seed_columns(tmp_path):
 
 def test_token_index(tmp_path):
     reg = scaling_registry(tmp_path / "sweep")
-    fig = figures.token_index_figure(reg, tmp_path / "sweep", floors=FLOORS)
+    curves = figures.read_token_index(figures.token_index_runs(reg), tmp_path / "sweep")
+    fig = figures.token_index_figure(reg, curves, floors=FLOORS)
     (ax,) = fig.axes
     assert ax.get_xscale() == "log" and "mean ± std over 3 seeds" in ax.get_ylabel()
     assert "books-mini, context 512" in ax.get_title()
@@ -269,9 +270,11 @@ def test_token_index(tmp_path):
     assert len(ax.collections) == 3  # a band per configuration
     assert _floor_lines(ax) == sorted(FLOORS["books"].values())
     plt.close(fig)
-    _written(figures.token_index(reg, tmp_path / "sweep", tmp_path / "token_index", floors=FLOORS))
+    _written(figures.token_index(reg, curves, tmp_path / "token_index", floors=FLOORS))
     with pytest.raises(ValueError):
-        figures.token_index(reg[reg["matched"].isna()], tmp_path / "sweep", tmp_path / "none")
+        figures.token_index(reg[reg["matched"].isna()], curves, tmp_path / "none")
+    with pytest.raises(ValueError):  # matched runs, but none of their curves
+        figures.token_index(reg, curves.iloc[:0], tmp_path / "none")
 
 
 def test_minibatch(tmp_path):

@@ -126,6 +126,29 @@ class Step:
     def csv(self, name: str, df: pd.DataFrame) -> None:
         write_atomic(self.dir / name, df.to_csv(index=False))
 
+    def per_run(self, name: str, runs: pd.DataFrame, measure) -> pd.DataFrame | None:
+        """The step's CSV `name` of a measurement of each run (`measure(run)`: a DataFrame, or None when
+        the run's folder is not on this machine), with a `run` column. A run whose folder is gone (its
+        registry row restored from the committed results, on a new machine) keeps its committed rows."""
+        path = self.dir / name
+        committed = pd.read_csv(path) if path.is_file() else None
+        parts = []
+        for r in runs.itertuples():
+            df = measure(r)
+            if df is not None:
+                parts.append(df.assign(run=r.run))
+            elif committed is not None and "run" in committed:
+                parts.append(committed[committed["run"] == r.run])
+            else:
+                log.warning("%s: %s is not measured (its run folder is not here, nor in %s)", self.name,
+                            r.run, path)
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return None
+        df = pd.concat(parts, ignore_index=True)
+        self.csv(name, df)
+        return df
+
     def done(self, registry: pd.DataFrame | None = None, **info) -> None:
         trained = (
             float(pd.to_numeric(registry["wall_time_s"], errors="coerce").sum())
@@ -184,13 +207,13 @@ def step_minibatch(ctx: dict) -> None:
     floors = json.loads((sweep_dir / "floors.json").read_text())
     figures.minibatch(reg, timing, step.dir / "minibatch", floors=floors)
     # Figures 5/17: the inner losses of the b=1 networks of Figure 8, one per seed
-    losses = []
-    for r in reg[(reg["mini_batch"].astype(str) == "1") & (reg["status"] == "finished")].itertuples():
+    def measure(r):
         ckpt = sweep_dir / r.run / "checkpoints" / "last.ckpt"
-        losses.append(inner_losses(str(ckpt)).assign(seed=r.seed))
-    if losses:
-        df = pd.concat(losses, ignore_index=True)
-        step.csv("inner_loss.csv", df)
+        return inner_losses(str(ckpt)).assign(seed=r.seed) if ckpt.is_file() else None
+
+    b1 = reg[(reg["mini_batch"].astype(str) == "1") & (reg["status"] == "finished")]
+    df = step.per_run("inner_loss.csv", b1, measure)
+    if df is not None:
         figures.inner_loss(df[df["seed"] == df["seed"].min()], step.dir / "inner_loss")
     write_atomic(
         step.dir / "minibatch.md", summary_table(reg, ["label"], pd.read_csv(step.dir / "floors.csv"))
@@ -202,25 +225,23 @@ def step_scaling(ctx: dict) -> None:
     step, reg = sweep_step("scaling", ctx)
     sweep_dir = ctx["runs"] / "scaling"
     floors = json.loads((sweep_dir / "floors.json").read_text())
+
+    def measure(r):  # Figures 2 (right) and 14: the matched runs' token-index losses, kept in the step
+        path = sweep_dir / r.run / "token_index.csv"
+        return pd.read_csv(path) if path.is_file() else None
+
+    curves = step.per_run("token_index.csv", figures.token_index_runs(reg), measure)
     for name, draw in (
         ("scaling", lambda s: figures.scaling(reg, s, floors=floors)),
         ("context", lambda s: figures.context(reg, s, floors=floors)),
-        ("token_index", lambda s: figures.token_index(reg, sweep_dir, s, floors=floors)),
+        ("token_index", lambda s: figures.token_index(reg, curves, s, floors=floors)),
     ):
         try:
+            if name == "token_index" and curves is None:
+                raise ValueError("no token-index losses of the matched-FLOPs runs")
             draw(step.dir / name)
         except ValueError as e:
             log.warning("figure %s not drawn: %s", name, e)
-    curves = []  # the matched-FLOPs token-index curves and their reference, kept beside the registry
-    chosen = reg[
-        reg.get("matched", pd.Series(index=reg.index)).notna() | reg["config"].isin(reg["reference"])
-    ]
-    for r in chosen[chosen["status"] == "finished"].itertuples():
-        path = sweep_dir / r.run / "token_index.csv"
-        if path.is_file():
-            curves.append(pd.read_csv(path).assign(run=r.run))
-    if curves:
-        step.csv("token_index.csv", pd.concat(curves, ignore_index=True))
     keys = ["role", "size", "seq_len", "label", "matched"]
     write_atomic(step.dir / "scaling.md", summary_table(reg, keys, pd.read_csv(step.dir / "floors.csv")))
     step.done(reg)
@@ -304,14 +325,15 @@ def step_longrange(ctx: dict) -> None:
     facts by distance to their first mention (experiments/longrange.py)."""
     step, reg = sweep_step("longrange", ctx)
     docs = load_sweep("longrange")["profiles"][ctx["profile"]]["docs"]
-    parts = []
-    for r in reg[reg["status"] == "finished"].itertuples():
+    def measure(r):
         ckpt = ctx["runs"] / "longrange" / r.run / "checkpoints" / "last.ckpt"
-        parts.append(checkpoint_fact_recall(ckpt, docs).assign(
-            run=r.run, method=r.method, label=r.label, seed=r.seed, seq_len=r.seq_len))
-    if parts:
-        df = pd.concat(parts, ignore_index=True)
-        step.csv("fact_recall.csv", df)
+        if not ckpt.is_file():
+            return None
+        return checkpoint_fact_recall(ckpt, docs).assign(method=r.method, label=r.label, seed=r.seed,
+                                                         seq_len=r.seq_len)
+
+    df = step.per_run("fact_recall.csv", reg[reg["status"] == "finished"], measure)
+    if df is not None:
         figures.fact_recall(df, step.dir / "fact_recall")
         write_atomic(step.dir / "fact_recall.md", fact_recall_table(df))
     step.done(reg)

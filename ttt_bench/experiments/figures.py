@@ -482,14 +482,28 @@ def context(reg: pd.DataFrame, stem: Path, floors: dict | None = None) -> list[P
     return save(context_figure(reg, floors), stem)
 
 
-def token_index_figure(reg: pd.DataFrame, sweep_dir: Path, window: int = 8, floors: dict | None = None):
-    """Matched-FLOPs runs and their reference (the registry's `matched` and `reference` columns; `reference`
-    names a configuration, or a run in older registries)."""
+def token_index_runs(reg: pd.DataFrame) -> pd.DataFrame:
+    """The finished matched-FLOPs runs and their reference (the registry's `matched` and `reference`
+    columns; `reference` names a configuration, or a run in older registries): Figures 2 (right) and 14."""
     df = finished(reg)
-    matched = df[df["matched"].notna()]
-    refs = set(matched["reference"].dropna()) if "reference" in df else set()
-    chosen = df[df["matched"].notna() | df["config"].isin(refs) | df["run"].isin(refs)]
-    if matched.empty or chosen.empty:
+    if "matched" not in df:
+        return df.iloc[:0]
+    refs = set(df["reference"].dropna()) if "reference" in df else set()
+    return df[df["matched"].notna() | df["config"].isin(refs) | df["run"].isin(refs)]
+
+
+def read_token_index(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
+    """The token-index losses (run, token_index, loss) of the runs whose folders are under sweep_dir."""
+    parts = [pd.read_csv(p).assign(run=run) for run in runs["run"]
+             if (p := Path(sweep_dir) / run / "token_index.csv").is_file()]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run", "token_index", "loss"])
+
+
+def token_index_figure(reg: pd.DataFrame, curves: pd.DataFrame, window: int = 8, floors: dict | None = None):
+    """The loss by token index of the matched-FLOPs runs and their reference (`token_index_runs`), from
+    their `curves` (run, token_index, loss), mean and spread over seeds."""
+    chosen = token_index_runs(reg)
+    if chosen.empty or chosen["matched"].isna().all():
         raise ValueError("no finished matched-FLOPs runs in the registry")
     fig, ax = plt.subplots(figsize=(6.2, 4.8), layout="constrained")
     ns = []
@@ -497,26 +511,22 @@ def token_index_figure(reg: pd.DataFrame, sweep_dir: Path, window: int = 8, floo
     configs.sort(key=lambda c: chosen.loc[chosen["config"] == c, "matched"].notna().any())  # reference first
     for config in configs:
         g = chosen[chosen["config"] == config]
-        curves = []
-        for run in g["run"]:
-            path = Path(sweep_dir) / run / "token_index.csv"
-            if path.is_file():
-                ti = pd.read_csv(path)
-                curves.append(ti.set_index("token_index")["loss"].rolling(window, min_periods=1).mean())
-        if not curves:
+        curves_of = [c.set_index("token_index")["loss"].rolling(window, min_periods=1).mean()
+                     for _, c in curves[curves["run"].isin(g["run"])].groupby("run")]
+        if not curves_of:
             continue
-        ns.append(len(curves))
-        losses = pd.concat(curves, axis=1).dropna()
+        ns.append(len(curves_of))
+        losses = pd.concat(curves_of, axis=1).dropna()
         mean, std = losses.mean(axis=1), losses.std(axis=1, ddof=1).fillna(0.0)
         r = g.iloc[0]
         label = r["label"]
         how = f"{r['matched']}-matched" if pd.notna(r["matched"]) else "reference"
         colour, _ = method_style(label)
         ax.plot(mean.index, np.exp(mean), color=colour, lw=1.5, label=f"{label} ({how})")
-        if len(curves) > 1:
+        if len(curves_of) > 1:
             ax.fill_between(mean.index, np.exp(mean - std), np.exp(mean + std), color=colour, alpha=0.2, lw=0)
     if not ns:
-        raise ValueError(f"no token_index.csv for the matched-FLOPs runs under {sweep_dir}")
+        raise ValueError("no token-index losses of the matched-FLOPs runs (their token_index.csv)")
     role = _role(chosen)
     draw_floors(ax, floors_for(floors, role))
     T = int(chosen["seq_len"].iloc[0])
@@ -536,9 +546,9 @@ def token_index_figure(reg: pd.DataFrame, sweep_dir: Path, window: int = 8, floo
 
 
 def token_index(
-    reg: pd.DataFrame, sweep_dir: Path, stem: Path, window: int = 8, floors: dict | None = None
+    reg: pd.DataFrame, curves: pd.DataFrame, stem: Path, window: int = 8, floors: dict | None = None
 ) -> list[Path]:
-    return save(token_index_figure(reg, sweep_dir, window, floors), stem)
+    return save(token_index_figure(reg, curves, window, floors), stem)
 
 
 def _value_label(ax, x, v, colour, above: bool) -> None:

@@ -5,7 +5,7 @@ steps (Figures 1 right, 3 and 4).
 - `plan_mttt`: a sweep's rows, each its own list of overrides on `task=image` (no ladder);
 - `mttt_table`: accuracy over seeds beside the paper's, parameters and FLOPs relative to the sweep's
   `reference` row (the paper's linear attention), FLOPs counted per image by train.py (vision/flops.py);
-- `inner_loss_table`: the mean inner loss per layer and step of every TTT run, from its inner_losses.csv;
+- `inner_loss_table`: the mean inner loss per layer and step of every TTT run (`run_inner_losses`);
 - `mttt_claims`: the claims, judged on the registries like the language-model ones (experiments/claims.py).
 """
 
@@ -112,18 +112,21 @@ def mttt_table(reg: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return table, "\n".join(lines) + "\n"
 
 
-def inner_loss_table(reg: pd.DataFrame | None) -> pd.DataFrame:
-    """Mean validation inner loss per (config, layer, step) over seeds, from each run's inner_losses.csv."""
-    frames = []
-    for r in _finished(reg).itertuples():
-        path = Path(str(getattr(r, "run_dir", ""))) / "inner_losses.csv"
-        if path.is_file():
-            f = pd.read_csv(path)
-            frames.append(f[f["split"] == "val"].assign(config=r.config, seed=r.seed))
-    if not frames:
+def run_inner_losses(r) -> pd.DataFrame | None:
+    """A finished run's validation inner losses (layer, step, inner_loss) with its config and seed, from its
+    inner_losses.csv; None when its folder is not on this machine."""
+    path = Path(str(getattr(r, "run_dir", ""))) / "inner_losses.csv"
+    if not path.is_file():
+        return None
+    f = pd.read_csv(path)
+    return f[f["split"] == "val"].drop(columns="split").assign(config=r.config, seed=r.seed)
+
+
+def inner_loss_table(per_run: pd.DataFrame | None) -> pd.DataFrame:
+    """Mean validation inner loss per (config, layer, step) over seeds, from the runs' `run_inner_losses`."""
+    if per_run is None or per_run.empty:
         return pd.DataFrame(columns=["config", "layer", "step", "inner_loss", "seeds"])
-    df = pd.concat(frames, ignore_index=True)
-    return df.groupby(["config", "layer", "step"], as_index=False).agg(
+    return per_run.groupby(["config", "layer", "step"], as_index=False).agg(
         inner_loss=("inner_loss", "mean"), seeds=("seed", "nunique")
     )
 
@@ -328,27 +331,39 @@ MTTT_SECTIONS = {  # step -> (title, what the paper found, files of the step fol
 }
 
 
-def plot_inner_loss(inner: pd.DataFrame, path: Path, titles: dict | None = None) -> bool:
-    """Figures 1 right/3/4: mean validation inner loss against the inner step, one panel per TTT
-    configuration with T > 1 (titled from `titles`: config -> text), one line per layer. False when there
+def inner_loss_figure(inner: pd.DataFrame, titles: dict | None = None, min_steps: int = 2):
+    """Figures 1 right/3/4: mean inner loss against the inner step, one panel per TTT configuration with at
+    least `min_steps` inner steps (titled from `titles`: config -> text), one line per layer; None when there
     is nothing to draw."""
-    configs = [c for c, g in inner.groupby("config") if g["step"].max() > 1]
+    configs = [c for c, g in inner.groupby("config") if g["step"].max() >= min_steps]
     if not configs:
-        return False
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3), squeeze=False)
     for ax, config in zip(axes[0], configs, strict=True):
         for layer, g in inner[inner["config"] == config].groupby("layer"):
             ax.plot(g["step"], g["inner_loss"], marker="o", label=f"layer {layer + 1}")
         ax.set_title((titles or {}).get(config, config), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("t (loss at W_t; last: l(W_T; X))")
         ax.set_ylabel("inner loss")
         ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot_inner_loss(inner: pd.DataFrame, path: Path, titles: dict | None = None) -> bool:
+    """The step's inner-loss PNG (configurations with T > 1); False when there is nothing to draw."""
+    fig = inner_loss_figure(inner, titles)
+    if fig is None:
+        return False
+    import matplotlib.pyplot as plt
+
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
@@ -403,7 +418,7 @@ def step_mttt(name: str, ctx: dict, sweep_step) -> None:
     md += "\n" + floors_text(floors, table)
     step.csv(f"{name}_table.csv", table)
     write_atomic(step.dir / f"{name}.md", md)
-    inner = inner_loss_table(reg)
+    inner = inner_loss_table(step.per_run("inner_losses_per_run.csv", _finished(reg), run_inner_losses))
     step.csv("inner_loss.csv", inner)
     runs = _finished(reg).drop_duplicates("config").set_index("config")
     titles = {c: f"{r.label}\n{r.data}, {r.num_tokens} tokens of {r.patch_size}x{r.patch_size} pixels "
