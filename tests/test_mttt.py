@@ -288,7 +288,8 @@ def test_train_image_end_to_end(tmp_path, one_thread):
         assert evaluated[key] == pytest.approx(metrics[key], rel=1e-6), key
     assert (tmp_path / "eval" / "inner_losses.csv").read_text().splitlines()[0] == rows[0]
     # plot inner-loss draws an MTTT run's inner losses against the inner step
-    main(["plot", "inner-loss", str(metrics_path.parent / "inner_losses.csv"), "--out", str(tmp_path / "fig")])
+    inner_csv = metrics_path.parent / "inner_losses.csv"
+    main(["plot", "inner-loss", str(inner_csv), "--out", str(tmp_path / "fig")])
     assert (tmp_path / "fig" / "inner_loss.png").stat().st_size > 0
     # generate needs a language model: one line and exit 2, no traceback
     with pytest.raises(SystemExit) as e:

@@ -496,7 +496,9 @@ def read_token_index(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     """The token-index losses (run, token_index, loss) of the runs whose folders are under sweep_dir."""
     parts = [pd.read_csv(p).assign(run=run) for run in runs["run"]
              if (p := Path(sweep_dir) / run / "token_index.csv").is_file()]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run", "token_index", "loss"])
+    if not parts:
+        return pd.DataFrame(columns=["run", "token_index", "loss"])
+    return pd.concat(parts, ignore_index=True)
 
 
 def token_index_figure(reg: pd.DataFrame, curves: pd.DataFrame, window: int = 8, floors: dict | None = None):

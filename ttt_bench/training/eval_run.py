@@ -10,8 +10,14 @@ from omegaconf import DictConfig, OmegaConf
 from ..errors import UserError
 from ..io import write_json
 from .checkpoint import load_checkpoint, torch_device
-from .evaluate import (bits_per_byte, evaluate, evaluate_classifier, inner_losses, save_inner_losses,
-                       save_token_index)
+from .evaluate import (
+    bits_per_byte,
+    evaluate,
+    evaluate_classifier,
+    inner_losses,
+    save_inner_losses,
+    save_token_index,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +96,8 @@ def eval_classifier(cfg: DictConfig, module, data_cfg: DictConfig, out_dir: Path
         import pandas as pd
 
         save_inner_losses(out_dir / "inner_losses.csv", pd.DataFrame(val_rows + test_rows))
-    metrics = {"ckpt_path": str(cfg.ckpt_path), "task": "image", "model": module.hparams["model_cfg"].get("name"),
-               "data": data_cfg.name, **val, **test}
+    metrics = {"ckpt_path": str(cfg.ckpt_path), "task": "image", "data": data_cfg.name,
+               "model": module.hparams["model_cfg"].get("name"), **val, **test}
     write_json(out_dir / "metrics.json", metrics)
     log.info("val accuracy %.4f, test accuracy %.4f; outputs in %s", metrics["val_accuracy"],
              metrics["test_accuracy"], out_dir)
