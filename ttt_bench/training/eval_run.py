@@ -13,7 +13,7 @@ from .checkpoint import load_checkpoint, torch_device
 from .evaluate import (
     bits_per_byte,
     evaluate,
-    evaluate_classifier,
+    evaluate_splits,
     inner_losses,
     save_inner_losses,
     save_token_index,
@@ -90,14 +90,9 @@ def eval_classifier(cfg: DictConfig, module, data_cfg: DictConfig, out_dir: Path
         raise UserError(f"data {data_cfg.name} gives {dm.num_tokens} tokens of {dm.token_dim} values, "
                         f"{cfg.ckpt_path} was trained on {module.hparams['num_tokens']} of "
                         f"{module.hparams['token_dim']}; use its patch_size and image_size")
-    val, val_rows = evaluate_classifier(module.model, dm.val_dataset(), cfg.batch_size, "val")
-    test, test_rows = evaluate_classifier(module.model, dm.test_dataset(), cfg.batch_size, "test")
-    if val_rows:
-        import pandas as pd
-
-        save_inner_losses(out_dir / "inner_losses.csv", pd.DataFrame(val_rows + test_rows))
+    splits = evaluate_splits(module.model, dm, cfg.batch_size, out_dir)
     metrics = {"ckpt_path": str(cfg.ckpt_path), "task": "image", "data": data_cfg.name,
-               "model": module.hparams["model_cfg"].get("name"), **val, **test}
+               "model": module.hparams["model_cfg"].get("name"), **splits}
     write_json(out_dir / "metrics.json", metrics)
     log.info("val accuracy %.4f, test accuracy %.4f; outputs in %s", metrics["val_accuracy"],
              metrics["test_accuracy"], out_dir)

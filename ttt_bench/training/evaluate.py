@@ -1,6 +1,7 @@
 """Evaluation: mean validation loss, perplexity, bits per byte, and token-index loss curves."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -122,3 +123,15 @@ def evaluate_classifier(model: torch.nn.Module, dataset, batch_size: int = 64, s
         {"split": split, "layer": layer, "step": t, "inner_loss": float(v) / count}
         for layer, values in enumerate(inner_sum) for t, v in enumerate(values)]
     return result, rows
+
+
+def evaluate_splits(model: torch.nn.Module, dm, batch_size: int, out_dir) -> dict:
+    """An image classifier on the validation and the held-out test split: their losses and accuracies, and
+    for TTT layers the inner losses per layer and step written to out_dir/inner_losses.csv."""
+    val, val_rows = evaluate_classifier(model, dm.val_dataset(), batch_size, "val")
+    test, test_rows = evaluate_classifier(model, dm.test_dataset(), batch_size, "test")
+    if val_rows:
+        import pandas as pd
+
+        save_inner_losses(Path(out_dir) / "inner_losses.csv", pd.DataFrame(val_rows + test_rows))
+    return {**val, **test}

@@ -34,7 +34,7 @@ from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpo
 from .evaluate import (
     bits_per_byte,
     evaluate,
-    evaluate_classifier,
+    evaluate_splits,
     inner_losses,
     save_inner_losses,
     save_token_index,
@@ -367,13 +367,7 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
     dm, module = run["dm"], run["module"]
     if not run["trainer"].is_global_zero:  # the other ranks of a multi-process run: rank 0 writes
         return {}
-    batch = cfg.data.micro_batch_size
-    val, val_rows = evaluate_classifier(module.model, dm.val_dataset(), batch, "val")
-    test, test_rows = evaluate_classifier(module.model, dm.test_dataset(), batch, "test")
-    if val_rows:
-        import pandas as pd
-
-        save_inner_losses(run_dir / "inner_losses.csv", pd.DataFrame(val_rows + test_rows))
+    splits = evaluate_splits(module.model, dm, cfg.data.micro_batch_size, run_dir)
     images = module.tokens_seen
     flops = count_flops(module.model, dm.token_dim, dm.num_tokens)
     metrics = {
@@ -382,8 +376,7 @@ def train_image(cfg: DictConfig, run_dir: Path) -> dict:
         "patch_size": dm.patch_size,
         "image_size": dm.side,
         "num_tokens": dm.num_tokens,
-        **val,
-        **test,
+        **splits,
         "forward_flops_per_image": flops,
         "train_flops": count_flops(module.model, dm.token_dim, dm.num_tokens, backward=True) * images,
         "run_dir": str(run_dir),
