@@ -189,9 +189,10 @@ def test_reproduce_smoke(tmp_path, monkeypatch):
     assert len(claims) == len(CLAIMS) and "holds" not in set(seeded["verdict"])  # one seed: no interval
 
     # a new machine: the run folders are gone, the committed results are not. The pipeline restores the
-    # runs from the registries, trains nothing, and keeps every per-run measurement it can no longer take
+    # runs from the registries, trains nothing, and keeps every per-run measurement it can no longer take,
+    # the timing measured with them and the step's record of the session that trained them
     per_run = ["minibatch/inner_loss.csv", "scaling/token_index.csv", "longrange/fact_recall.csv",
-               "mttt_patches/inner_losses_per_run.csv"]
+               "mttt_patches/inner_losses_per_run.csv", "minibatch/timing.csv", "table1/step.json"]
     before = {name: (out / name).read_text() for name in per_run}
     shutil.rmtree(tmp_path / "runs")
     reproduce.main(["--profile", "smoke", "--out", str(root), "--runs", str(tmp_path / "runs")])

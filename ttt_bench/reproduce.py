@@ -149,7 +149,19 @@ class Step:
         self.csv(name, df)
         return df
 
+    def restored_only(self, registry: pd.DataFrame) -> bool:
+        """Every finished run of the registry was restored from the committed results (a new machine that
+        trained nothing): what the step measured before still describes them."""
+        finished = registry[registry["status"] == "finished"]
+        return "restored_from" in finished and len(finished) > 0 and finished["restored_from"].notna().all()
+
     def done(self, registry: pd.DataFrame | None = None, **info) -> None:
+        """Write step.json; a step that only restored its runs keeps the committed one (the command, hardware
+        and wall time of the session that trained them)."""
+        meta = self.dir / "step.json"
+        if registry is not None and meta.is_file() and self.restored_only(registry) and not info.get("error"):
+            log.info("%s: every run restored from the committed registry; step.json kept", self.name)
+            return
         trained = (
             float(pd.to_numeric(registry["wall_time_s"], errors="coerce").sum())
             if (registry is not None and "wall_time_s" in registry)
@@ -201,7 +213,8 @@ def step_minibatch(ctx: dict) -> None:
     sweep_dir = ctx["runs"] / "minibatch"
     t = load_sweep("minibatch")
     measured = step.dir / "timing.csv"
-    if ctx["train"] or not measured.is_file():  # tabulating (--no-train) keeps the timing measured with it
+    # measured with the runs: tabulating (--no-train) or only restoring them keeps the committed timing
+    if not measured.is_file() or (ctx["train"] and not step.restored_only(reg)):
         step.csv("timing.csv", time_w_and_z(t["mini_batch_sizes"], **t["timing"][ctx["profile"]]))
     timing = pd.read_csv(measured)
     floors = json.loads((sweep_dir / "floors.json").read_text())
