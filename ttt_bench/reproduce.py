@@ -268,7 +268,7 @@ LATENCY = {
         "--phases",
         "prefill,decode",
         "--contexts",
-        "1024-8192",
+        "1024-4096",
         "--repeats",
         "1",
     ],
