@@ -315,6 +315,7 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
             for i, c in enumerate(CLAIMS)
         ]
     ).to_csv(out / "claims.csv", index=False)
+    (out / "RUN.md").write_text("how the run went\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\nrest\n")
     update_readme(readme, out, "make reproduce PROFILE=cpu")
@@ -322,6 +323,7 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
     assert "stale" not in text and text.startswith("intro") and text.endswith("rest\n")
     assert f"| {CLAIMS[0].figure}: {CLAIMS[0].claim} | **holds** | x 1 vs 2 |" in text
     assert "`minibatch`: not run yet" in text and "| A | 9.00 |" in text and "Not measured yet" in text
+    assert "[results/cpu/RUN.md](results/cpu/RUN.md)" in text
 
 
 def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_path, monkeypatch):

@@ -524,7 +524,9 @@ def update_readme(readme: Path, out: Path, make: str) -> None:
     rel = out.resolve().relative_to(readme.parent.resolve()).as_posix()
     lines = [
         f"From `{make}`; [{rel}/REPORT.md]({rel}/REPORT.md) has every table, "
-        "figure and number. Steps run so far:",
+        "figure and number"
+        + (f"; [{rel}/RUN.md]({rel}/RUN.md) says how the run went" if (out / "RUN.md").is_file() else "")
+        + ". Steps run so far:",
         "",
     ]
     for step in SECTIONS:
