@@ -165,11 +165,19 @@ def test_inner_loss_is_recorded_per_layer_and_falls_over_the_steps(one_thread):
     assert (inner[:, 1:] < inner[:, :-1]).all(), inner  # full-batch GD with eta = 1 descends at every step
 
 
-def test_sgd_uses_disjoint_random_minibatches(one_thread):
+def test_sgd_draws_random_minibatches_in_training_and_repeatable_ones_in_evaluation(one_thread):
     torch.manual_seed(0)
     m = MTTTLayer(8, 2, encoder="mlp", steps=4, sgd=True)
-    m(torch.randn(2, 12, 8))
+    x = torch.randn(2, 12, 8)
+    m(x)
     assert m.inner_losses.shape == (5,)
+    m.eval()  # evaluation draws its mini-batches from a fixed seed: repeatable whatever ran before
+    with torch.no_grad():
+        first = m(x)
+        torch.rand(100)
+        assert torch.equal(m(x), first)
+    m.train()
+    assert not torch.equal(m(x), m(x))  # training draws new mini-batches from the global generator
     with pytest.raises(UserError, match="divide the number of tokens"):
         m(torch.randn(2, 10, 8))
 

@@ -162,7 +162,8 @@ class MTTTLayer(nn.Module):
 
     def inner_batches(self, z: torch.Tensor, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The data (phi x, x) of each inner step: the whole image T times, or T random disjoint
-        mini-batches."""
+        mini-batches (in training from the global generator, seeded per run; in evaluation from a fixed
+        seed, so evaluating a checkpoint gives the same accuracy whatever ran before it)."""
         if not self.sgd:
             return [(z, x)] * self.steps
         B, H, n, _ = z.shape
@@ -171,9 +172,10 @@ class MTTTLayer(nn.Module):
                 f"inner SGD splits the {n} tokens into model.mixer.steps={self.steps} mini-batches; "
                 "pick steps that divide the number of tokens"
             )
-        order = torch.argsort(
-            torch.rand(B, H, n, device=z.device), dim=-1
-        )  # one shuffle per example and head
+        generator = None if self.training else torch.Generator(z.device).manual_seed(0)
+        order = torch.argsort(  # one shuffle per example and head
+            torch.rand(B, H, n, device=z.device, generator=generator), dim=-1
+        )
         zs = torch.gather(z, 2, order[..., None].expand(-1, -1, -1, z.shape[-1])).chunk(self.steps, dim=2)
         xs = torch.gather(x, 2, order[..., None].expand(-1, -1, -1, x.shape[-1])).chunk(self.steps, dim=2)
         return list(zip(zs, xs))
