@@ -55,17 +55,22 @@ def test_plans_reference_model_configs_seeds_and_match_flops():
         "recipe=finetune" in finetune["overrides"]
         and "model.block.rope_theta=500000" in finetune["overrides"]
     )
+    # cpu trains the matched runs as the grid points at 1k (matched_in_grid) and, at 128, only the
+    # Transformer TF finetune starts from (other_seeds: 0)
     matched = {v["config"]: v for v in sc.values() if v.get("matched")}
-    assert set(matched) == {
-        f"books-{m}-s-T1024-matched" for m in ("tf_finetune", "ttt_linear_m", "ttt_mlp_m")
-    }
+    assert set(matched) == {f"books-{m}-s-T1024" for m in ("tf_finetune", "ttt_linear_m", "ttt_mlp_m")}
     assert all(abs(v["flops_ratio"] - 1) < 0.1 for v in matched.values())
-    # TF finetune matched in FLOPs is a pretraining at the base context (fewer blocks), then the finetune
-    assert matched["books-tf_finetune-s-T1024-matched"]["after"].startswith(
-        "books-transformer-s-T128-matched"
-    )
+    assert {v["config"] for v in sc.values() if v["seq_len"] == 128} == {"books-transformer-s-T128"}
+    assert len(sc) == 6 * 3
+    # beside the grid (paper): TF finetune matched in FLOPs is a pretraining at the base context (fewer
+    # blocks), then the finetune
+    paper = {v["config"]: v for v in sweeps.plan_sweep("scaling", "paper").values() if v.get("matched")}
+    methods = ("tf_finetune", "ttt_linear_m", "ttt_mlp_m")
+    assert set(paper) == {f"books-{m}-1.3b-T32768-matched" for m in methods}
+    pretrain = paper["books-tf_finetune-1.3b-T32768-matched"]["after"]
+    assert pretrain.startswith("books-transformer-1.3b-T2048-matched")
     # 4096 tokens per batch: 32 sequences of 128 fill micro-batches of 16, 4 sequences of 1024 one of 4
-    assert "data.micro_batch_size=16" in sc["books-mamba-s-T128-s0"]["overrides"]
+    assert "data.micro_batch_size=16" in sc["books-transformer-s-T128-s0"]["overrides"]
     assert "data.micro_batch_size=4" in sc["books-mamba-s-T1024-s0"]["overrides"]
     # three seeds for the key comparisons (largest size, longest Books context), one elsewhere
     assert "books-mamba-s-T1024-s2" in sc and "books-mamba-xs-T1024-s1" not in sc

@@ -349,11 +349,19 @@ def gap_grows_with_t(r: Results) -> Verdict:
 # ---- Figures 11-14, 18 ----
 
 
+def unmatched(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the scaling grid: not the matched-FLOPs runs added beside it, nor what they start from
+    (configs named `...-matched`). A profile with `matched_in_grid` trains its matched runs as the grid
+    points themselves (named as the grid's)."""
+    return df[~df["config"].astype(str).str.endswith("-matched")]
+
+
 def _longest_books(r: Results) -> tuple[str | None, int | None]:
     df = finished(r.scaling)
     if df.empty or "role" not in df:
         return None, None
-    df = df[(df["role"] == "books") & (df.get("matched", pd.Series(index=df.index)).isna())]
+    df = unmatched(df)
+    df = df[df["role"] == "books"]
     if df.empty:
         return None, None
     return str(df["size"].iloc[-1]), int(pd.to_numeric(df["seq_len"]).max())
@@ -378,7 +386,8 @@ def finetune_beats_pretrain(r: Results) -> Verdict:
     df = finished(r.scaling)
     if "method" not in df:
         return Verdict(MISSING, "no finished runs")
-    pairs = df[(df["method"] == "tf_finetune") & df.get("matched", pd.Series(index=df.index)).isna()]
+    pairs = unmatched(df)
+    pairs = pairs[pairs["method"] == "tf_finetune"]
     verdicts, names = [], []
     for (size, T), _ in pairs.groupby(["size", "seq_len"]):
         ft = select(r.scaling, method="tf_finetune", size=size, seq_len=T)

@@ -39,6 +39,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter  # noqa: E402
 
 from ..io import write_atomic  # noqa: E402
+from .claims import unmatched  # noqa: E402
 
 LINEAR_COST = ("TTT-Linear (M)", "TTT-MLP (M)", "Mamba", "TTT-Linear (T)", "TTT-MLP (T)")
 TRANSFORMERS = {"Transformer": "TF pretrain", "TF finetune": "TF finetune"}
@@ -183,12 +184,6 @@ def finished(df: pd.DataFrame) -> pd.DataFrame:
     if "matched" not in df:
         df["matched"] = None
     return df
-
-
-def unmatched(df: pd.DataFrame) -> pd.DataFrame:
-    """The runs of the scaling grid: not the matched-FLOPs runs, nor what they start from (a config named
-    `...-matched`, e.g. the pretraining of a matched TF finetune)."""
-    return df[df["matched"].isna() & ~df["config"].str.endswith("-matched")]
 
 
 def aggregate(df: pd.DataFrame) -> pd.DataFrame:

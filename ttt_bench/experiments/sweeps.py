@@ -193,8 +193,10 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
             finetune(size, T)
     # matched training FLOPs (Figures 2 right, 14): the largest size at the longest Books context, every
     # method matched to Mamba: TF finetune (pretrain at finetune_base + 20% at T) by depth, TTT by MLP width
+    # (a profile's `matched_in_grid`: the matched runs replace those grid points instead of joining them)
     m = sweep["matched"]
     size, T, base = p["sizes"][-1], p.get("matched_context", p["books"][-1]), p["finetune_base"]
+    suffix = "" if p.get("matched_in_grid") else "-matched"
     ref_name = f"books-{m['reference']}-{size}-T{T}"
     reference, _ = _model_cfg(runs[ref_name]["overrides"])
     for key, by in m["methods"].items():
@@ -205,16 +207,17 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
                 model, reference, T, vocab_size, by=by, schedule=[(base, 1.0), (T, ft["token_fraction"])]
             )
             extra = [f"{k}={v}" for k, v in new.items()]
+            label = methods[ft["from"]]["label"]
             add(
                 "books",
                 ft["from"],
-                f"{methods[ft['from']]['label']} (pretraining of the matched TF finetune)",
+                f"{label} (pretraining of the matched TF finetune)" if suffix else label,
                 size,
                 base,
                 [*methods[ft["from"]]["overrides"], *extra],
-                suffix="-matched",
+                suffix=suffix,
             )
-            name = finetune(size, T, extra, suffix="-matched")
+            name = finetune(size, T, extra, suffix=suffix)
         else:
             new, ratio = match_flops(
                 _model_cfg(runs[f"books-{key}-{size}-T{T}"]["overrides"])[0], reference, T, vocab_size, by=by
@@ -226,7 +229,7 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
                 size,
                 T,
                 [*methods[key]["overrides"], *(f"{k}={v}" for k, v in new.items())],
-                suffix="-matched",
+                suffix=suffix,
             )
         runs[name] |= {**info, "flops_ratio": round(ratio, 4)}
     # the key comparisons (the largest size at the longest Books context, TF finetune, matched FLOPs) take
