@@ -348,7 +348,8 @@ def step_longrange(ctx: dict) -> None:
     df = step.per_run("fact_recall.csv", reg[reg["status"] == "finished"], measure)
     if df is not None:
         figures.fact_recall(df, step.dir / "fact_recall")
-        write_atomic(step.dir / "fact_recall.md", fact_recall_table(df))
+        floors = pd.read_csv(step.dir / "floors.csv") if (step.dir / "floors.csv").is_file() else None
+        write_atomic(step.dir / "fact_recall.md", fact_recall_table(df, reg, floors))
     step.done(reg)
 
 
@@ -432,7 +433,7 @@ def read_results(out: Path) -> Results:
 
     floors = [
         f.assign(sweep=s)
-        for s in ("table1", "minibatch", "scaling")
+        for s in ("table1", "minibatch", "scaling", "longrange")
         if (f := csv(s, "floors.csv")) is not None
     ]
     return Results(
@@ -445,6 +446,7 @@ def read_results(out: Path) -> Results:
         latency=csv("latency", "latency.csv"),
         recall=csv("recall", "registry.csv"),
         fact_recall=csv("longrange", "fact_recall.csv"),
+        longrange=csv("longrange", "registry.csv"),
         mttt={m: csv(m, "registry.csv") for m in MTTT_SWEEPS},
         mttt_inner={m: csv(m, "inner_loss.csv") for m in MTTT_SWEEPS},
         mttt_floors={m: csv(m, "image_floors.csv") for m in MTTT_SWEEPS},

@@ -33,6 +33,7 @@ class Results:
     floors: pd.DataFrame | None = None  # role, seq_len, floor, val_ppl
     recall: pd.DataFrame | None = None  # MQAR: method, width, pairs, seed, val_accuracy
     fact_recall: pd.DataFrame | None = None  # experiments/longrange.py: method, seed, kind, distance, loss, n
+    longrange: pd.DataFrame | None = None  # the registry of the runs fact_recall measured
     mttt: dict | None = None  # MTTT: sweep name -> registry (experiments/mttt.py)
     mttt_inner: dict | None = None  # MTTT: sweep name -> config, layer, step, inner_loss
     mttt_floors: dict | None = None  # MTTT: sweep name -> floor, test_acc (%)
@@ -544,6 +545,11 @@ def recalls_far_facts_better(a: str, b: str) -> Callable[[Results], Verdict]:
             status = INCONCLUSIVE
             sentence += (f"; neither is below chance (a random digit: ln 10 = {RANDOM_DIGIT:.2f}): neither "
                          "model learned to recall facts at this budget")
+        runs = finished(r.longrange)
+        under = undertrained(runs[runs["method"].isin([a, b])], r.floors) if "method" in runs else []
+        if v.status != MISSING and under:
+            status = INCONCLUSIVE
+            sentence += f"; {len(under)} of the runs do not beat the bigram floor of the text (under-trained)"
         return Verdict(status, sentence, v.numbers)
 
     return judge

@@ -8,7 +8,8 @@ import pandas as pd
 import torch
 
 from ..models.ttt.dual_scan import ttt_linear_dual
-from .claims import bigram_floor
+from .claims import bigram_floor, finished, undertrained
+from .stats import mean_sd
 
 
 def by_config(reg: pd.DataFrame) -> pd.DataFrame:
@@ -214,9 +215,10 @@ def recall_table(registry: pd.DataFrame, lrs: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fact_recall_table(df: pd.DataFrame) -> str:
+def fact_recall_table(df: pd.DataFrame, registry: pd.DataFrame | None = None, floors=None) -> str:
     """Loss (nats) on restated facts' digits as Markdown: a row per method, a column per distance bin (first
-    mention inside the window; mean +- std over seeds), then beyond the window and the first mentions."""
+    mention inside the window; mean +- std over seeds), then beyond the window and the first mentions; with
+    the sweep's `registry` and n-gram `floors`, each model's validation perplexity on the text beside them."""
     from .longrange import RANDOM_DIGIT, bin_order
 
     rest = df[df["kind"] == "restated"]
@@ -230,14 +232,21 @@ def fact_recall_table(df: pd.DataFrame) -> str:
         v = per_seed["w"] / per_seed["n"]
         return f"{v.mean():.2f}" if len(v) < 2 else f"{v.mean():.2f} +- {v.std():.2f}"
 
+    runs = finished(registry) if registry is not None else None
+    ppl = runs is not None and not runs.empty
     lines = [
-        "| Method | " + " | ".join(f"{b} B" for b in bins) + " | beyond the window | first mentions |",
-        "|---|" + "---:|" * (len(bins) + 2),
+        "| Method | " + " | ".join(f"{b} B" for b in bins) + " | beyond the window | first mentions |"
+        + (" text ppl |" if ppl else ""),
+        "|---|" + "---:|" * (len(bins) + 2 + ppl),
     ]
     for label, g in df.groupby("label", sort=False):
         r = g[g["kind"] == "restated"]
         cells = [cell(r[r["in_context"].astype(bool) & (r["distance"] == b)]) for b in bins]
         cells += [cell(r[~r["in_context"].astype(bool)]), cell(g[g["kind"] == "first mention"])]
+        if ppl:
+            mine = runs[runs["label"] == label]
+            under = len(undertrained(mine, floors))
+            cells.append(mean_sd(mine["val_ppl"]) + (f" ({under} under the bigram floor)" if under else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     n = df[df["kind"] == "restated"]["n"].sum()
     lines.append(
@@ -245,4 +254,10 @@ def fact_recall_table(df: pd.DataFrame) -> str:
         f"seeds), by bytes back to the fact's first mention; a random digit costs ln 10 = "
         f"{RANDOM_DIGIT:.2f}. 'Beyond the window': the first mention is outside the model's context."
     )
+    if ppl:
+        lines[-1] += " Text ppl: validation perplexity per byte on the synthetic text"
+        if floors is not None and len(floors):
+            named = zip(floors["floor"], floors["val_ppl"], strict=True)
+            lines[-1] += "; its n-gram floors: " + ", ".join(f"{f} {v:.2f}" for f, v in named)
+        lines[-1] += "."
     return "\n".join(lines) + "\n"
