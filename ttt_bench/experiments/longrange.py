@@ -37,17 +37,10 @@ def code_digits(text: bytes) -> tuple[dict[int, int], list[int]]:
     return restated, firsts
 
 
-def _bin_index(distance):
-    return np.searchsorted(DISTANCE_BINS, distance, side="right") - 1
-
-
 def _bin(distance: int) -> str:
-    i = int(_bin_index(distance))
+    i = int(np.searchsorted(DISTANCE_BINS, distance, side="right")) - 1
     lo, hi = DISTANCE_BINS[i], DISTANCE_BINS[i + 1]
     return f">= {lo}" if math.isinf(hi) else f"{lo}-{hi}"
-
-
-_BIN_LABELS = np.array([_bin(lo) for lo in DISTANCE_BINS[:-1]], dtype=object)
 
 
 @torch.no_grad()
@@ -61,44 +54,25 @@ def fact_recall(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    parts = []
+    rows = []
     for d, text in enumerate(documents):
         if d >= max_docs:
             break
         data = text.encode("utf-8")
         restated, firsts = code_digits(data)
-        back = np.zeros(len(data) + 1, dtype=np.int64)  # distance to the first mention; 0: not restated
-        back[list(restated)] = list(restated.values())
-        first = np.zeros(len(data) + 1, dtype=bool)
-        first[firsts] = True
+        firsts = set(firsts)
         ids = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
         for w0 in range(0, len(ids) - 1, seq_len):
             window = ids[w0 : w0 + seq_len + 1].to(device)
             loss = F.cross_entropy(model(window[None, :-1])[0].float(), window[1:], reduction="none").cpu()
-            p = np.arange(w0 + 1, w0 + len(window))  # loss[j]: the byte at p[j]
-            keep = (back[p] > 0) | first[p]
-            p, dist = p[keep], back[p[keep]]
-            is_restated = dist > 0
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "kind": np.where(is_restated, "restated", "first mention"),
-                        "distance": np.where(
-                            is_restated,
-                            _BIN_LABELS[np.searchsorted(DISTANCE_BINS, dist, side="right") - 1],
-                            "",
-                        ),
-                        "in_context": is_restated & (p - dist >= w0),
-                        "loss": loss.numpy()[keep].astype(np.float64),
-                    }
-                )
-            )
+            for j, p in enumerate(range(w0 + 1, w0 + len(window))):  # loss[j]: the byte at p
+                if p in restated:
+                    dist = restated[p]
+                    rows.append(("restated", _bin(dist), p - dist >= w0, float(loss[j])))
+                elif p in firsts:
+                    rows.append(("first mention", "", False, float(loss[j])))
     model.train(was_training)
-    df = (
-        pd.concat(parts, ignore_index=True)
-        if parts
-        else pd.DataFrame(columns=["kind", "distance", "in_context", "loss"])
-    )
+    df = pd.DataFrame(rows, columns=["kind", "distance", "in_context", "loss"])
     return (
         df.groupby(["kind", "distance", "in_context"], sort=False)["loss"]
         .agg(loss="mean", n="size")
