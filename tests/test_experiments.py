@@ -72,7 +72,7 @@ def test_plans_reference_model_configs_seeds_and_match_flops():
     # 4096 tokens per batch: 32 sequences of 128 fill micro-batches of 16, 4 sequences of 1024 one of 4
     assert "data.micro_batch_size=16" in sc["books-transformer-s-T128-s0"]["overrides"]
     assert "data.micro_batch_size=4" in sc["books-mamba-s-T1024-s0"]["overrides"]
-    # three seeds for the key comparisons (largest size, longest Books context), one elsewhere
+    # three seeds for the key comparisons (largest size, longest Books context), `other_seeds` elsewhere
     assert "books-mamba-s-T1024-s2" in sc and "books-mamba-xs-T1024-s1" not in sc
 
 
