@@ -69,9 +69,9 @@ def test_plans_reference_model_configs_seeds_and_match_flops():
     assert set(paper) == {f"books-{m}-1.3b-T32768-matched" for m in methods}
     pretrain = paper["books-tf_finetune-1.3b-T32768-matched"]["after"]
     assert pretrain.startswith("books-transformer-1.3b-T2048-matched")
-    # 4096 tokens per batch: 32 sequences of 128 fill micro-batches of 16, 4 sequences of 1024 one of 4
+    # 2048 tokens per batch: 16 sequences of 128 fill a micro-batch of 16, 2 sequences of 1024 one of 2
     assert "data.micro_batch_size=16" in sc["books-transformer-s-T128-s0"]["overrides"]
-    assert "data.micro_batch_size=4" in sc["books-mamba-s-T1024-s0"]["overrides"]
+    assert "data.micro_batch_size=2" in sc["books-mamba-s-T1024-s0"]["overrides"]
     # three seeds for the key comparisons (largest size, longest Books context), `other_seeds` elsewhere
     assert "books-mamba-s-T1024-s2" in sc and "books-mamba-xs-T1024-s1" not in sc
 
