@@ -204,3 +204,36 @@ def test_far_fact_claims_compare_the_loss_on_facts_far_back_inside_the_window():
     chance = pd.DataFrame(rows).assign(loss=lambda d: 2.31 - 0.1 * (d["method"] == "ttt_linear_m") * 0.5)
     v = verdict("longrange.ttt_linear", Results(fact_recall=chance))  # 2.26 vs 2.31: both at chance
     assert v.status == INCONCLUSIVE and "neither is below chance" in v.sentence
+
+
+def test_budgets_need_every_run_past_the_bigram_floor_and_the_headline_runs_past_the_3_gram_floor():
+    floors = pd.DataFrame(
+        {
+            "role": ["pile"] * 2 + ["books"] * 2,
+            "seq_len": [128, 128, 1024, 1024],
+            "floor": ["bigram", "3-gram (Witten-Bell)"] * 2,
+            "val_ppl": [14.0, 9.0, 11.0, 7.0],
+        }
+    )
+    refs = pd.DataFrame([{"run": f"{m}-s0", "config": m, "seed": 0, "status": "finished", "role": "pile",
+                          "seq_len": 128, "val_ppl": 8.5} for m in ("transformer", "mamba")])
+    ladder = pd.concat([table1(PAPER_LIKE, seeds=1), refs], ignore_index=True)  # rows 1-8 above 9.0: not headline
+
+    def scaling(tf_1k: float) -> pd.DataFrame:
+        return pd.DataFrame([{"run": f"books-{m}-s-T{T}-s0", "config": f"books-{m}-s-T{T}", "method": m,
+                              "seed": 0, "status": "finished", "role": "books", "size": "s", "seq_len": T,
+                              "val_ppl": ppl}
+                             for m, T, ppl in [("transformer", 128, 8.0), ("transformer", 1024, tf_1k),
+                                               ("mamba", 1024, 6.0)]])
+
+    r = Results(table1=ladder, scaling=scaling(6.5), floors=floors)
+    v = verdict("budgets", r)
+    assert v.status == HOLDS and "5 of 5 headline runs" in v.sentence
+    assert "the closest to its floor: transformer-s0 8.50 against 9.00" in v.sentence  # 8.5 / 9 > 6.5 / 7
+    v = verdict("budgets", Results(table1=ladder, scaling=scaling(7.5), floors=floors))
+    assert v.status == FAILS and v.numbers["under_headline"] == ["books-transformer-s-T1024-s0"]
+    minibatch = pd.DataFrame([{"run": "bT-s0", "config": "bT", "seed": 0, "status": "finished",
+                               "role": "pile", "seq_len": 128, "val_ppl": 15.0}])
+    v = verdict("budgets", Results(table1=ladder, minibatch=minibatch, scaling=scaling(6.5), floors=floors))
+    assert v.status == FAILS and v.numbers["under_bigram"] == ["bT-s0"] and "(not: bT-s0)" in v.sentence
+    assert verdict("budgets", Results(table1=ladder)).status == MISSING  # no floors

@@ -78,12 +78,13 @@ def select(reg: pd.DataFrame | None, **where) -> pd.DataFrame:
     return df.sort_values("seed")
 
 
-def bigram_floor(floors: pd.DataFrame | None, role=None, seq_len=None) -> float | None:
-    """The byte-bigram floor of a validation text (by its role) at a context; where the floors do not tell
-    texts or contexts apart (no such column), the lowest."""
+def ngram_floor(floors: pd.DataFrame | None, role=None, seq_len=None, kind: str = "bigram") -> float | None:
+    """A byte n-gram floor of a validation text (by its role) at a context: `kind` is the floor's name
+    without its smoothing ("bigram", "3-gram"); where the floors do not tell texts or contexts apart (no
+    such column), the lowest."""
     if floors is None or floors.empty:
         return None
-    f = floors[floors["floor"] == "bigram"]
+    f = floors[floors["floor"].astype(str).str.split(" ").str[0] == kind]
     if "role" in f:
         f = f[f["role"] == role]
     if "seq_len" in f:
@@ -91,11 +92,12 @@ def bigram_floor(floors: pd.DataFrame | None, role=None, seq_len=None) -> float 
     return float(f["val_ppl"].min()) if len(f) else None
 
 
-def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None) -> list[str]:
-    """Runs whose validation perplexity does not beat the byte-bigram floor of their corpus and context."""
+def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None, kind: str = "bigram") -> list[str]:
+    """Runs whose validation perplexity does not beat the byte n-gram floor (`kind`, the bigram's unless
+    said) of their corpus and context."""
     out = []
     for r in runs.itertuples():
-        floor = bigram_floor(floors, getattr(r, "role", None), getattr(r, "seq_len", 0) or 0)
+        floor = ngram_floor(floors, getattr(r, "role", None), getattr(r, "seq_len", 0) or 0, kind)
         if floor is not None and r.val_ppl >= floor:
             out.append(r.run)
     return out
@@ -555,7 +557,63 @@ def recalls_far_facts_better(a: str, b: str) -> Callable[[Results], Verdict]:
     return judge
 
 
+# ---- budgets: a model that has not learned a text's n-gram statistics says nothing about the claims ----
+
+HEADLINE_FLOOR = "3-gram"  # the smoothed n-gram floor the headline comparisons must beat
+
+
+def headline_runs(r: Results) -> pd.DataFrame:
+    """The runs of the headline comparisons: Table 1's last ladder row and its reference rows (configs
+    without a row number), and every method at the scaling grid's largest size and longest Books context."""
+    t1 = finished(r.table1)
+    row = t1["config"].astype(str).str.split("-", n=1).str[0]
+    numbered = row.str.isdigit()
+    last = row[numbered].astype(int).max() if numbered.any() else None
+    t1 = t1[~numbered | (row == str(last))]
+    size, T = _longest_books(r)
+    if size is None:
+        return t1
+    sc = unmatched(finished(r.scaling))
+    sc = sc[(sc["role"] == "books") & (sc["size"].astype(str) == size) & (pd.to_numeric(sc["seq_len"]) == T)]
+    return pd.concat([t1, sc], ignore_index=True)
+
+
+def trained_past_floors(r: Results) -> Verdict:
+    """Every run of Table 1, Figure 8 and the scaling grid beats its text's bigram floor, and every run of
+    the headline comparisons the 3-gram floor (each run, each seed)."""
+    runs = pd.concat([finished(x) for x in (r.table1, r.minibatch, r.scaling)], ignore_index=True)
+    if runs.empty:
+        return Verdict(MISSING, "no finished runs of Table 1, Figure 8 or the scaling grid")
+    if r.floors is None or r.floors.empty:
+        return Verdict(MISSING, "no n-gram floors to compare with")
+    head = headline_runs(r)
+    under, short = undertrained(runs, r.floors), undertrained(head, r.floors, HEADLINE_FLOOR)
+    margins = []  # (perplexity / floor, run, perplexity, floor) of each headline run
+    for x in head.itertuples():
+        f = ngram_floor(r.floors, getattr(x, "role", None), getattr(x, "seq_len", None), HEADLINE_FLOOR)
+        margins += [] if f is None else [(x.val_ppl / f, x.run, x.val_ppl, f)]
+    closest = max(margins, default=None)
+    sentence = (
+        f"{len(runs) - len(under)} of {len(runs)} runs beat their text's bigram floor"
+        + (f" (not: {', '.join(under)})" if under else "")
+        + f"; {len(head) - len(short)} of {len(head)} headline runs (Table 1's last rows, the longest Books "
+        f"context of the largest scaling size) beat the {HEADLINE_FLOOR} floor"
+        + (f" (not: {', '.join(short)})" if short else "")
+        + ("" if closest is None else f"; the closest to its floor: {closest[1]} {closest[2]:.2f} against "
+           f"{closest[3]:.2f}")
+    )
+    status = FAILS if under or short else HOLDS
+    return Verdict(status, sentence, {"under_bigram": under, "under_headline": short})
+
+
 CLAIMS = [
+    Claim(
+        "budgets",
+        "Budgets",
+        "Calibration (not a claim of the paper): every model of Table 1, Figure 8 and the scaling grid is "
+        "past the bigram floor, and the headline comparisons past the 3-gram floor.",
+        trained_past_floors,
+    ),
     Claim(
         "table1.improved",
         "Table 1",

@@ -8,7 +8,7 @@ import pandas as pd
 import torch
 
 from ..models.ttt.dual_scan import ttt_linear_dual
-from .claims import bigram_floor, finished, undertrained
+from .claims import finished, ngram_floor, undertrained
 from .stats import mean_sd
 
 
@@ -53,7 +53,7 @@ def floor_rows(floors: pd.DataFrame | None, keys: list[str], trailing: int) -> l
 
 def undertrained_mark(row, floors: pd.DataFrame | None) -> str:
     """" (under-trained)" for a table row whose mean perplexity does not beat its text's bigram floor."""
-    bigram = bigram_floor(floors, row.get("role"), row.get("seq_len"))
+    bigram = ngram_floor(floors, row.get("role"), row.get("seq_len"))
     return " (under-trained)" if bigram is not None and row["ppl_mean"] >= bigram else ""
 
 
