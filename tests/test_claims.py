@@ -217,7 +217,8 @@ def test_budgets_need_every_run_past_the_bigram_floor_and_the_headline_runs_past
     )
     refs = pd.DataFrame([{"run": f"{m}-s0", "config": m, "seed": 0, "status": "finished", "role": "pile",
                           "seq_len": 128, "val_ppl": 8.5} for m in ("transformer", "mamba")])
-    ladder = pd.concat([table1(PAPER_LIKE, seeds=1), refs], ignore_index=True)  # rows 1-8 above 9.0: not headline
+    # rows 1-8 above the 3-gram floor 9.0: not headline runs
+    ladder = pd.concat([table1(PAPER_LIKE, seeds=1), refs], ignore_index=True)
 
     def scaling(tf_1k: float) -> pd.DataFrame:
         return pd.DataFrame([{"run": f"books-{m}-s-T{T}-s0", "config": f"books-{m}-s-T{T}", "method": m,

@@ -92,12 +92,11 @@ def ngram_floor(floors: pd.DataFrame | None, role=None, seq_len=None, kind: str 
     return float(f["val_ppl"].min()) if len(f) else None
 
 
-def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None, kind: str = "bigram") -> list[str]:
-    """Runs whose validation perplexity does not beat the byte n-gram floor (`kind`, the bigram's unless
-    said) of their corpus and context."""
+def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None) -> list[str]:
+    """Runs whose validation perplexity does not beat the byte-bigram floor of their corpus and context."""
     out = []
     for r in runs.itertuples():
-        floor = ngram_floor(floors, getattr(r, "role", None), getattr(r, "seq_len", 0) or 0, kind)
+        floor = ngram_floor(floors, getattr(r, "role", None), getattr(r, "seq_len", 0) or 0)
         if floor is not None and r.val_ppl >= floor:
             out.append(r.run)
     return out
@@ -586,12 +585,12 @@ def trained_past_floors(r: Results) -> Verdict:
         return Verdict(MISSING, "no finished runs of Table 1, Figure 8 or the scaling grid")
     if r.floors is None or r.floors.empty:
         return Verdict(MISSING, "no n-gram floors to compare with")
-    head = headline_runs(r)
-    under, short = undertrained(runs, r.floors), undertrained(head, r.floors, HEADLINE_FLOOR)
+    head, under = headline_runs(r), undertrained(runs, r.floors)
     margins = []  # (perplexity / floor, run, perplexity, floor) of each headline run
     for x in head.itertuples():
         f = ngram_floor(r.floors, getattr(x, "role", None), getattr(x, "seq_len", None), HEADLINE_FLOOR)
         margins += [] if f is None else [(x.val_ppl / f, x.run, x.val_ppl, f)]
+    short = [run for ratio, run, _, _ in margins if ratio >= 1]
     closest = max(margins, default=None)
     sentence = (
         f"{len(runs) - len(under)} of {len(runs)} runs beat their text's bigram floor"
