@@ -1,17 +1,18 @@
-"""`ttt-bench ablate SWEEP`: run a sweep of conf/sweep/SWEEP.yaml as a Hydra multirun into one results
-registry (OUT/registry.csv); finished runs are skipped, failed runs recorded."""
+"""`ttt-bench ablate SWEEP`: run an experiment's sweep (conf/sweep/SWEEP.yaml) as a Hydra multirun into one
+results registry (OUT/registry.csv); finished runs are skipped, failed runs recorded."""
 
 import os
 from pathlib import Path
 
-from ttt_bench.cli.main import SUBCOMMANDS, ArgumentParser, fail
+from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, fail
 
 
 def run(args: list[str]) -> None:
-    from ttt_bench.experiments.sweeps import PROFILES, SWEEPS
+    from ttt_bench.experiments import EXPERIMENTS, sweeps
+    from ttt_bench.experiments.engine.plan import PROFILES
 
     p = ArgumentParser(prog="ttt-bench ablate", description=SUBCOMMANDS["ablate"] + " (conf/sweep/)")
-    p.add_argument("sweep", choices=SWEEPS)
+    p.add_argument("sweep", choices=sweeps())
     p.add_argument(
         "--profile", choices=PROFILES, default="cpu", help="sizes, contexts and budgets (default cpu)"
     )
@@ -32,50 +33,39 @@ def run(args: list[str]) -> None:
     if a.data_dir is not None and not (a.data_dir and Path(a.data_dir).is_dir()):
         fail(f"--data-dir {a.data_dir} is not a folder; pass the folder holding pile-mini/ and books-mini/ "
              "(e.g. ../shared/data), or leave it out for the synthetic corpus")
-    from ttt_bench.experiments.sweeps import (
-        CPU_TRAIN_FLOPS,
-        calibrates,
-        estimate,
-        plan_sweep,
-        run_recall,
-        run_sweep,
-    )
-
+    experiment = EXPERIMENTS[a.sweep]
     if a.plan:
-        stages = [("", {})]
-        if a.sweep == "recall" and calibrates(a.profile):
-            stages = [
-                ("calibration (one seed per lr): ", {}),
-                ("grid, at each method's chosen lr (shown at the first): ", {"lrs": {}}),
-            ]
-        total = 0.0
-        for title, options in stages:
-            runs = plan_sweep(a.sweep, a.profile, a.data_dir, **options)
-            if title:
-                print(f"# {title}{len(runs)} runs")
-            for name, spec in runs.items():
-                e = estimate(spec)
-                total += e["minutes"]
-                print(
-                    f"{name} [{e['tokens']:.3g} tokens, {e['train_flops']:.2g} FLOPs, "
-                    f"~{e['minutes']:.1f} min]: {' '.join(spec['overrides'])}"
-                )
-        print(
-            f"# estimated training time: {total:.0f} min at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s, the small "
-            "models' training rate on a 2-core CPU (flops.py's count); GPUs are far faster"
-        )
+        print_plan(experiment, a.profile, a.data_dir)
         return
     out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "sweeps" / f"{a.sweep}-{a.profile}"
-    if a.sweep == "recall":
-        df, _, lrs = run_recall(a.profile, out, a.data_dir, a.launcher)
-        if lrs:
-            print(
-                "learning rates from the calibration grid: " + ", ".join(f"{m} {v:g}" for m, v in lrs.items())
-            )
-    else:
-        df = run_sweep(a.sweep, a.profile, out, a.data_dir, a.launcher)
+    trained = experiment.train(a.profile, out, a.data_dir, a.launcher)
+    for key, value in ((k, v) for k, v in trained.info.items() if v):  # what the sweep decided (recall: lrs)
+        print(f"{key}: " + (", ".join(f"{m} {v:g}" for m, v in value.items()) if isinstance(value, dict)
+                            else str(value)))
+    df = trained.registry
     counts = df["status"].value_counts().to_dict()
     print(f"{a.sweep}: {counts}; registry {Path(out) / 'registry.csv'}")
     if counts.get("failed"):  # recorded and skipped by the sweep; the command still says it did not succeed
         fail(f"{counts['failed']} of {len(df)} runs failed (see the registry's 'error' column); fix the "
              "cause and run the same command again to train only those")
+
+
+def print_plan(experiment, profile: str, data_dir: str | None) -> None:
+    """Every stage's runs with their budget, FLOPs and estimated minutes on the reference CPU."""
+    from ttt_bench.experiments.engine.cost import CPU_TRAIN_FLOPS, run_cost
+    from ttt_bench.experiments.engine.plan import composed
+
+    stages = experiment.stages(profile, data_dir)
+    total = 0.0
+    for folder, runs in stages:
+        if len(stages) > 1:
+            print(f"# {folder}: {len(runs)} runs")
+        for name, run in runs.items():
+            cost = run_cost(composed(run.overrides))
+            total += cost.cpu_minutes
+            print(f"{name} [{cost.budget:.3g} {'images' if cost.tokens != cost.tokens else 'tokens'}, "
+                  f"{cost.train_flops:.2g} FLOPs, ~{cost.cpu_minutes:.1f} min]: {' '.join(run.overrides)}")
+    print(
+        f"# estimated training time: {total:.0f} min at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s, the small "
+        "models' training rate on a 2-core CPU (flops.py's count); GPUs are far faster"
+    )

@@ -3,7 +3,7 @@
 import importlib
 from pathlib import Path
 
-from ttt_bench.cli.main import SUBCOMMANDS, ArgumentParser, fail
+from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, fail
 
 ZERO_OK = {"warmup", "chunk_size", "ref_seqlen", "seed"}  # integer options where 0 means none or automatic
 

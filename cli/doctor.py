@@ -1,6 +1,6 @@
 """`ttt-bench doctor`: what this machine gives the toolkit (ttt_bench/doctor.py)."""
 
-from ttt_bench.cli.main import SUBCOMMANDS, ArgumentParser
+from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser
 
 
 def run(args: list[str]) -> None:

@@ -1,10 +1,7 @@
 """The `ttt-bench` command. Entry points stay thin: each subcommand parses its arguments and calls
 the library. `train` and `eval` are Hydra apps (overrides, --multirun, --cfg job, --help)."""
 
-import argparse
 import contextlib
-import difflib
-import errno
 import math
 import os
 import shutil
@@ -12,48 +9,12 @@ import sys
 from pathlib import Path
 
 from omegaconf.errors import OmegaConfBaseException
+from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, did_you_mean, fail, os_error
 
 from ttt_bench.allocator import retain_freed_memory
 from ttt_bench.errors import UserError
 
-SUBCOMMANDS = {
-    "train": "train a model: ttt-bench train model=ttt_linear size=s data=synthetic",
-    "eval": "evaluate a checkpoint: ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt",
-    "generate": "sample text from a checkpoint: ttt-bench generate CKPT --prompt 'Once'",
-    "ablate": "run a sweep into a results registry: ttt-bench ablate table1",
-    "plot": "draw a paper figure from a registry: ttt-bench plot scaling",
-    "bench": "measure speed: ttt-bench bench models",
-    "doctor": "what this machine supports: torch, CUDA, bf16, kernels, data folder, each model's kernel path",
-}
-
-
-def fail(message: str, code: int = 2) -> None:
-    message = " ".join(str(message).split())  # one line, whatever the exception text held
-    print(f"ttt-bench: error: {message}", file=sys.stderr)
-    sys.exit(code)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with ttt-bench's one-line errors (no usage block)."""
-
-    def error(self, message: str) -> None:
-        fail(f"{message} (see {self.prog} --help)")
-
-
-def os_error(e: OSError) -> str:
-    """One line for a failed read or write: a full disk, a missing file, a permission."""
-    where = f" ({e.filename})" if e.filename else ""
-    if e.errno == errno.ENOSPC:
-        return (f"no space left on device{where}; free some space or write elsewhere "
-                "(TTT_BENCH_RUNS, TTT_BENCH_CACHE or --out)")
-    return f"{e.strerror or e}{where}; check the path and its permissions"
-
-
-def did_you_mean(word: str, options, prefix: str = "") -> str:
-    options = sorted(str(o) for o in options)
-    hint = difflib.get_close_matches(word, options, n=1)
-    return f"; did you mean '{prefix}{hint[0]}'?" if hint else f"; use one of: {', '.join(options)}"
-
+__all__ = ["SUBCOMMANDS", "ArgumentParser", "fail", "main", "os_error"]
 
 def one_line(e: BaseException) -> str:
     """The most specific line of an exception (Hydra wraps instantiation errors in several lines)."""
@@ -92,7 +53,7 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException, InstantiationException
 
-    import ttt_bench.config  # noqa: F401  (registers resolvers)
+    from ttt_bench.config import CONFIG_MODULE  # (importing it registers the resolvers)
 
     argv_before = sys.argv
     program = sys.argv[0]  # how this process was started: .../bin/ttt-bench, or cli/main.py under python -m
@@ -122,7 +83,7 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
     full_error = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # composition errors reach us instead of Hydra's multi-line report
     try:
-        hydra.main(config_path="pkg://ttt_bench.conf", config_name=config_name, version_base="1.3")(app)()
+        hydra.main(config_path=CONFIG_MODULE, config_name=config_name, version_base="1.3")(app)()
     except (HydraException, OmegaConfBaseException) as e:
         fail(composition_error(e))
     finally:
@@ -172,7 +133,6 @@ def cmd_generate(args: list[str]) -> None:
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}
 # ablate, plot, bench and doctor live in their own modules: cli/<name>.py with run(args: list[str]).
-MODULE_COMMANDS = ("ablate", "plot", "bench", "doctor")
 
 
 def dispatch(command: str, args: list[str]) -> None:

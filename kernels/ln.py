@@ -6,7 +6,10 @@ Every function acts on a [R, F] block, one token per row, with the per-head LN w
 import triton
 import triton.language as tl
 
-LN_EPS: tl.constexpr = 1e-6  # the TTT layer's inner LayerNorm epsilon (learner.LN_EPS)
+# the TTT layer's inner LayerNorm epsilon (learner.LN_EPS). A global a kernel reads must be a tl.constexpr
+# instance: compiled Triton rejects the annotated form `LN_EPS: tl.constexpr = 1e-6` (the CPU interpreter
+# does not check it; tests/test_kernels_aot.py does).
+LN_EPS = tl.constexpr(1e-6)
 
 
 @triton.jit

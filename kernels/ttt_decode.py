@@ -20,7 +20,7 @@ from .ln import ln_l2_grad, normalize
 
 @triton.jit
 def _decode_kernel(XQ, XK, XV, LR, TE, W, B, SW, SB, LNW, LNB, Z, SW_OUT, SB_OUT, H, F: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # int64 offsets, as the chunk kernels' (B*H*f*f elements)
     h = bh % H
     rf = tl.arange(0, F)
     mat = bh * F * F + rf[:, None] * F + rf[None, :]
@@ -45,44 +45,40 @@ def _decode_kernel(XQ, XK, XV, LR, TE, W, B, SW, SB, LNW, LNB, Z, SW_OUT, SB_OUT
     tl.store(Z + vec, tl.load(XQ + vec) + gamma * xhat + beta)
 
 
-def reference(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
-    """The same step in PyTorch, through the TTT layer's primal form (used for the backward)."""
-    from ttt_bench.models.ttt.forms import primal_step
+HEAD_SIZES = (16, 32, 64, 128)  # f: what tests/test_kernels_aot.py compiles for sm_80 and sm_90
 
-    eta = (te * lr)[..., None, None]
-    pending = ((sums_W, sums_b), te.view(1, 1), lr[..., None, None])
-    return primal_step((W, b), xq, xk, xv, eta, (ln_weight, ln_bias), pending=pending)
+
+def launch_options(f: int) -> dict:
+    """num_warps, num_stages at head size f: 8 warps at f = 128, where 4 spill the [f, f] tiles
+    (python -m ttt_bench.kernels.aot; docs/speed.md)."""
+    return {"num_warps": 8 if f >= 128 else 4, "num_stages": 1}
+
+
+def why_not(xq: torch.Tensor, b, ln_weight) -> str:
+    """Why inputs are outside the decode kernel's domain ("" when inside): float32, a bias, LN-and-residual,
+    head size in HEAD_SIZES (tl.arange needs a power of 2; 96, the 760m size, is not)."""
+    f = xq.shape[-1]
+    if xq.dtype != torch.float32:
+        return f"dtype {xq.dtype} (the kernels take float32)"
+    if b is None or ln_weight is None:
+        return "no bias or no LayerNorm-and-residual"
+    if f not in HEAD_SIZES:
+        return f"head size {f} (the kernels take {', '.join(map(str, HEAD_SIZES))})"
+    return ""
 
 
 def supported(xq: torch.Tensor, b, ln_weight) -> bool:
-    f = xq.shape[-1]
-    return xq.dtype == torch.float32 and b is not None and ln_weight is not None and f & (f - 1) == 0
+    """Whether the decode kernel takes these inputs (`why_not`)."""
+    return not why_not(xq, b, ln_weight)
 
 
-class TTTLinearDecode(torch.autograd.Function):
-    """Forward: the kernel. Backward (rarely needed when decoding): PyTorch recomputation of `reference`."""
-
-    @staticmethod
-    def forward(ctx, xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
-        B, H, _, F = xq.shape
-        inputs = (xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias)
-        c = [t.contiguous() for t in inputs]
-        z, sw, sb = torch.empty_like(c[0]), torch.empty_like(c[7]), torch.empty_like(c[8])
-        _decode_kernel[(B * H,)](*c, z, sw, sb, H, F=F)
-        ctx.save_for_backward(*inputs)
-        return z, sw, sb
-
-    @staticmethod
-    def backward(ctx, dz, dsw, dsb):
-        inputs = [t.detach().requires_grad_() for t in ctx.saved_tensors]
-        with torch.enable_grad():
-            z, (sw, sb) = reference(*inputs)
-            outs = [(o, g) for o, g in ((z, dz), (sw, dsw), (sb, dsb)) if g is not None]
-            return torch.autograd.grad([o for o, _ in outs], inputs, [g for _, g in outs], allow_unused=True)
-
-
-def ttt_linear_decode(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
-    """One decoding token of TTT-Linear. xq/xk/xv [B, H, 1, f], lr [B, H] (the token's inner lr), te: 0-dim
-    token scaling of its position, W/sums_W [B, H, f, f], b/sums_b [B, H, 1, f], ln_weight/ln_bias [H, 1, f].
-    Returns (z [B, H, 1, f] incl. the +xq residual, new sums_W, new sums_b), as `reference`."""
-    return TTTLinearDecode.apply(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias)
+def decode_step(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
+    """One decoding token of TTT-Linear, forward only (no autograd: the TTT layer's
+    models/ttt/triton_decode.py gives it a PyTorch backward). xq/xk/xv [B, H, 1, f], lr [B, H] (the token's
+    inner lr), te: 0-dim token scaling of its position, W/sums_W [B, H, f, f], b/sums_b [B, H, 1, f],
+    ln_weight/ln_bias [H, 1, f]. Returns (z [B, H, 1, f] incl. the +xq residual, new sums_W, new sums_b)."""
+    B, H, _, F = xq.shape
+    c = [t.contiguous() for t in (xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias)]
+    z, sw, sb = torch.empty_like(c[0]), torch.empty_like(c[7]), torch.empty_like(c[8])
+    _decode_kernel[(B * H,)](*c, z, sw, sb, H, F=F, **launch_options(F))
+    return z, sw, sb

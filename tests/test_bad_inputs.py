@@ -264,13 +264,16 @@ def test_ablate_data_dir_and_launcher_overrides(capsys, tmp_path):
 def test_ablate_with_failed_runs_exits_2(capsys, tmp_path, monkeypatch):
     import pandas as pd
 
+    from ttt_bench.experiments import EXPERIMENTS
+    from ttt_bench.experiments.engine.runner import Trained
+
     seen = {}
 
-    def sweep(name, profile, out, data_dir, launcher):
+    def sweep(profile, out, data_dir, launcher):
         seen["launcher"] = launcher
-        return pd.DataFrame({"status": ["finished", "failed"], "error": [None, "boom"]})
+        return Trained(pd.DataFrame({"status": ["finished", "failed"], "error": [None, "boom"]}))
 
-    monkeypatch.setattr("ttt_bench.experiments.sweeps.run_sweep", sweep)
+    monkeypatch.setattr(EXPERIMENTS["table1"], "train", sweep)
     err = cli_error(capsys, tmp_path, "ablate", "table1", "hydra/launcher=joblib", "--profile", "smoke",
                     "--out", str(tmp_path / "sweep"), "hydra.launcher.n_jobs=2")
     assert "1 of 2 runs failed" in err and "run the same command again" in err

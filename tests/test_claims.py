@@ -5,9 +5,27 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ttt_bench.experiments import claims
-from ttt_bench.experiments.claims import CLAIMS, FAILS, HOLDS, INCONCLUSIVE, MISSING, Results, judge_all
-from ttt_bench.experiments.stats import difference, spearman
+from ttt_bench.experiments import EXPERIMENTS
+from ttt_bench.experiments.engine import report
+from ttt_bench.experiments.engine.stats import difference, spearman
+from ttt_bench.experiments.engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Verdict, judge_all
+from ttt_bench.experiments.longrange import far_fact_loss
+
+CLAIMS = [c for e in EXPERIMENTS.values() for c in e.claims]
+FILES = {  # what each made-up table stands for: a file of a step folder
+    "table1": ("table1", "registry.csv"), "minibatch": ("minibatch", "registry.csv"),
+    "scaling": ("scaling", "registry.csv"), "timing": ("minibatch", "timing.csv"),
+    "inner_loss": ("minibatch", "inner_loss.csv"), "latency": ("latency", "latency.csv"),
+    "recall": ("recall", "registry.csv"), "fact_recall": ("longrange", "fact_recall.csv"),
+}
+
+
+def Results(floors=None, **tables) -> report.Results:
+    """The committed results the claims read, made of the given tables (the rest missing)."""
+    frames = {FILES[k]: v for k, v in tables.items()}
+    if floors is not None:
+        frames["table1", "floors.csv"] = floors
+    return report.Results(frames=frames)
 
 LADDER = [
     "linear_attention",
@@ -50,7 +68,7 @@ def table1(means: list[float], seeds: int = 3, spread: float = 0.05) -> pd.DataF
 PAPER_LIKE = [12.0, 11.5, 11.5, 11.6, 11.6, 10.5, 10.4, 9.0, 8.7, 8.0]
 
 
-def verdict(claim_id: str, results: Results) -> claims.Verdict:
+def verdict(claim_id: str, results) -> Verdict:
     return next(c for c in CLAIMS if c.id == claim_id).judge(results)
 
 
@@ -143,7 +161,7 @@ def test_latency_and_missing_inputs():
         }
     )
     assert verdict("latency.prefill", Results(latency=bench)).status == HOLDS
-    table = judge_all(Results())
+    table = judge_all(CLAIMS, Results())
     assert set(table["verdict"]) == {MISSING} and len(table) == len(CLAIMS)
 
 
@@ -199,7 +217,7 @@ def test_far_fact_claims_compare_the_loss_on_facts_far_back_inside_the_window():
     v = verdict("longrange.ttt_linear", r)
     assert v.status == HOLDS and "1024 bytes back" in v.sentence
     assert verdict("longrange.ttt_mlp", r).status == INCONCLUSIVE  # 2.0 vs 2.0
-    assert claims.far_fact_loss(pd.DataFrame(rows))["loss"].between(0.9, 2.1).all()  # near ones left out
+    assert far_fact_loss(pd.DataFrame(rows))["loss"].between(0.9, 2.1).all()  # near ones left out
     assert verdict("longrange.ttt_linear", Results()).status == MISSING
     chance = pd.DataFrame(rows).assign(loss=lambda d: 2.31 - 0.1 * (d["method"] == "ttt_linear_m") * 0.5)
     v = verdict("longrange.ttt_linear", Results(fact_recall=chance))  # 2.26 vs 2.31: both at chance

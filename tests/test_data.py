@@ -8,7 +8,8 @@ import pytest
 import zstandard
 
 from ttt_bench.data import LMDataModule, LocalCorpus, SyntheticCorpus
-from ttt_bench.data.datamodule import EpochShuffleSampler, PackedSequences
+from ttt_bench.data.datamodule import PackedSequences
+from ttt_bench.data.loaders import EpochShuffleSampler
 from ttt_bench.data.synthetic import SyntheticLanguage, generate_document
 from ttt_bench.data.tokenizers import ByteTokenizer, from_spec
 from ttt_bench.errors import UserError

@@ -1,5 +1,6 @@
 """Sweeps, registry, figures and `make reproduce` (smoke profile, tiny settings, into tmp folders)."""
 
+import copy
 import json
 import shutil
 
@@ -7,8 +8,16 @@ import pandas as pd
 import pytest
 
 from ttt_bench.config import REPO_ROOT
-from ttt_bench.experiments import figures, sweeps
-from ttt_bench.experiments.measure import table1, time_w_and_z
+from ttt_bench.experiments import EXPERIMENTS, steps
+from ttt_bench.experiments.engine import runner
+from ttt_bench.experiments.engine.plan import configuration
+from ttt_bench.experiments.engine.registry import run_finished, write_registry
+from ttt_bench.experiments.engine.runner import Progress, Stage, train_stage
+from ttt_bench.experiments.minibatch import time_w_and_z
+from ttt_bench.experiments.recall import best_lrs
+from ttt_bench.experiments.scaling import lower_hull_index
+from ttt_bench.experiments.table1 import table1_markdown
+from ttt_bench.io import write_json
 
 MODELS = ("transformer", "linear_attention", "ttt_linear", "ttt_mlp", "mamba")
 TINY = [  # a run of two steps on a small synthetic corpus
@@ -34,44 +43,35 @@ def require_models():
 
 def test_plans_reference_model_configs_seeds_and_match_flops():
     require_models()
-    t1 = sweeps.plan_sweep("table1", "paper")
-    assert len(t1) == 12 and "model=ttt_linear" in t1["10-mamba_backbone-s0"]["overrides"]
-    mb = sweeps.plan_sweep("minibatch", "cpu")
-    seeds = sweeps.seeds_of(sweeps.load_sweep("minibatch"), "cpu")
-    assert (
-        seeds >= 3
-        and len(mb) == 5 * seeds
-        and mb["bT-s2"]["config"] == "bT"
-        and "seed=2" in mb["bT-s2"]["overrides"]
-    )
-    sc = sweeps.plan_sweep("scaling", "cpu", data_dir="/data")
-    assert (
-        "data=books" in sc["books-mamba-s-T1024-s0"]["overrides"]
-        and sc["books-mamba-s-T1024-s0"]["corpus"] == "books-mini"
-    )
+    t1 = EXPERIMENTS["table1"].plan("paper")
+    assert len(t1) == 12 and "model=ttt_linear" in t1["10-mamba_backbone-s0"].overrides
+    mb = EXPERIMENTS["minibatch"].plan("cpu")
+    seeds = EXPERIMENTS["minibatch"].seeds("cpu")
+    assert (seeds >= 3 and len(mb) == 5 * seeds and mb["bT-s2"].config == "bT"
+            and "seed=2" in mb["bT-s2"].overrides)
+    sc = EXPERIMENTS["scaling"].plan("cpu", data_dir="/data")
+    assert ("data=books" in sc["books-mamba-s-T1024-s0"].overrides
+            and sc["books-mamba-s-T1024-s0"].corpus == "books-mini")
     finetune = sc["books-tf_finetune-s-T1024-s1"]
-    assert finetune["after"] == "books-transformer-s-T128-s1"
-    assert (
-        "recipe=finetune" in finetune["overrides"]
-        and "model.block.rope_theta=500000" in finetune["overrides"]
-    )
+    assert finetune.after == "books-transformer-s-T128-s1"
+    assert "recipe=finetune" in finetune.overrides and "model.block.rope_theta=500000" in finetune.overrides
     # cpu trains the matched runs as the grid points at 1k (matched_in_grid) and, at 128, only the
     # Transformer TF finetune starts from (other_seeds: 0)
-    matched = {v["config"]: v for v in sc.values() if v.get("matched")}
+    matched = {v.config: v for v in sc.values() if v.info.get("matched")}
     assert set(matched) == {f"books-{m}-s-T1024" for m in ("tf_finetune", "ttt_linear_m", "ttt_mlp_m")}
-    assert all(abs(v["flops_ratio"] - 1) < 0.1 for v in matched.values())
-    assert {v["config"] for v in sc.values() if v["seq_len"] == 128} == {"books-transformer-s-T128"}
+    assert all(abs(v.info["flops_ratio"] - 1) < 0.1 for v in matched.values())
+    assert {v.config for v in sc.values() if v.seq_len == 128} == {"books-transformer-s-T128"}
     assert len(sc) == 6 * 3
     # beside the grid (paper): TF finetune matched in FLOPs is a pretraining at the base context (fewer
     # blocks), then the finetune
-    paper = {v["config"]: v for v in sweeps.plan_sweep("scaling", "paper").values() if v.get("matched")}
+    paper = {v.config: v for v in EXPERIMENTS["scaling"].plan("paper").values() if v.info.get("matched")}
     methods = ("tf_finetune", "ttt_linear_m", "ttt_mlp_m")
     assert set(paper) == {f"books-{m}-1.3b-T32768-matched" for m in methods}
-    pretrain = paper["books-tf_finetune-1.3b-T32768-matched"]["after"]
+    pretrain = paper["books-tf_finetune-1.3b-T32768-matched"].after
     assert pretrain.startswith("books-transformer-1.3b-T2048-matched")
     # 2048 tokens per batch: 16 sequences of 128 fill a micro-batch of 16, 2 sequences of 1024 one of 2
-    assert "data.micro_batch_size=16" in sc["books-transformer-s-T128-s0"]["overrides"]
-    assert "data.micro_batch_size=2" in sc["books-mamba-s-T1024-s0"]["overrides"]
+    assert "data.micro_batch_size=16" in sc["books-transformer-s-T128-s0"].overrides
+    assert "data.micro_batch_size=2" in sc["books-mamba-s-T1024-s0"].overrides
     # three seeds for the key comparisons (largest size, longest Books context), `other_seeds` elsewhere
     assert "books-mamba-s-T1024-s2" in sc and "books-mamba-xs-T1024-s1" not in sc
 
@@ -79,18 +79,17 @@ def test_plans_reference_model_configs_seeds_and_match_flops():
 def test_sweep_skips_finished_records_failed_and_builds_registry(tmp_path, monkeypatch):
     """A run that fails (a bad override) is recorded, the others go on; a second call trains nothing."""
     plan = {
-        "ok": sweeps._run([*TINY, "model=transformer"], label="Transformer"),
-        "bad": sweeps._run([*TINY, "model=transformer", "model.block.n_heads=3"], label="bad"),
+        "ok": configuration("ok", [*TINY, "model=transformer"], "Transformer"),
+        "bad": configuration("bad", [*TINY, "model=transformer", "model.block.n_heads=3"], "bad"),
     }
-    monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: plan)
-    reg = sweeps.run_sweep("table1", "smoke", tmp_path)
+    reg = train_stage("table1", "smoke", Stage("t", plan), tmp_path).registry
     status = dict(zip(reg["run"], reg["status"], strict=True))
     assert status == {"ok": "finished", "bad": "failed"}
     ok = reg.set_index("run").loc["ok"]
     assert ok["train_flops"] > 0 and ok["tokens_seen"] == 1024
     assert pd.read_csv(tmp_path / "registry.csv").shape[0] == 2
     mtime = (tmp_path / "ok" / "metrics.json").stat().st_mtime
-    sweeps.run_sweep("table1", "smoke", tmp_path)
+    train_stage("table1", "smoke", Stage("t", plan), tmp_path)
     assert (tmp_path / "ok" / "metrics.json").stat().st_mtime == mtime
     assert json.loads((tmp_path / "ok" / "run.json").read_text())["command"].startswith("ttt-bench train ")
 
@@ -109,7 +108,7 @@ def test_table1_markdown_has_means_diffs_floors_and_undertrained_marks():
         }
     )
     floors = pd.DataFrame({"floor": ["unigram", "bigram"], "val_ppl": [27.0, 14.0]})
-    _, md = table1(reg, floors)
+    _, md = table1_markdown(reg, floors)
     assert "| A | 15.00 +- 0.00 (under-trained) | - | 2 | 15.91 | - |" in md
     assert "| B | 9.10 +- 0.14 | -5.90 | 2 | 15.23 | -0.68 |" in md
     assert "*Transformer++ (reference)* | 8.00 |" in md and "| *bigram floor* | 14.00 |" in md
@@ -119,7 +118,7 @@ def test_table1_markdown_has_means_diffs_floors_and_undertrained_marks():
 def test_a_sweep_table_judges_each_row_against_the_floor_of_its_own_text_and_context():
     """The scaling table holds Pile and Books rows at several contexts: each row is marked under-trained
     against the bigram floor of the text and context it was validated on, and each floor row says which."""
-    from ttt_bench.experiments.measure import summary_table
+    from ttt_bench.experiments.engine.tables import summary_table
 
     reg = pd.DataFrame({"run": ["p", "b"], "config": ["p", "b"], "role": ["pile", "books"],
                         "seq_len": [256, 1024], "label": ["TTT", "TTT"], "val_ppl": [12.0, 12.0],
@@ -137,10 +136,11 @@ def test_time_w_and_z_splits_forward_time():
 
 
 def test_lower_hull_and_figures(tmp_path):
-    x, y = figures.lower_hull([1e10, 2e10, 4e10, 8e10], [10.0, 12.0, 8.0, 7.9])
-    assert list(x) == pytest.approx([1e10, 4e10, 8e10])
-    x, _ = figures.lower_hull([1e10, 5e10, 8e10], [20.0, 6.4, 7.7])  # more FLOPs, worse: dominated
-    assert list(x) == pytest.approx([1e10, 5e10])
+    from ttt_bench.experiments import latency
+    from ttt_bench.experiments.engine.plotting import save
+
+    assert lower_hull_index([1e10, 2e10, 4e10, 8e10], [10.0, 12.0, 8.0, 7.9]) == [0, 2, 3]
+    assert lower_hull_index([1e10, 5e10, 8e10], [20.0, 6.4, 7.7]) == [0, 1]  # more FLOPs, worse: dominated
     bench = pd.DataFrame(
         {
             "model": ["transformer"] * 2,
@@ -150,7 +150,7 @@ def test_lower_hull_and_figures(tmp_path):
             "tokens_per_s": [1e4, 5e3],
         }
     )
-    paths = figures.latency(bench, tmp_path / "latency")
+    paths = save(latency.latency_figure(bench), tmp_path / "latency")
     assert all(p.stat().st_size > 0 for p in paths) and {p.suffix for p in paths} == {".png", ".pdf"}
 
 
@@ -159,8 +159,8 @@ def test_reproduce_smoke(tmp_path, monkeypatch):
     """`make reproduce PROFILE=smoke` end to end in tmp folders: each step's folder, REPORT with verdicts."""
     require_models()
     from ttt_bench import reproduce
-    from ttt_bench.experiments.claims import CLAIMS
 
+    claims_count = sum(len(e.claims) for e in EXPERIMENTS.values())
     root = tmp_path / "results"
     reproduce.main(["--profile", "smoke", "--out", str(root), "--runs", str(tmp_path / "runs")])
     out = root / "smoke-synthetic"
@@ -191,7 +191,7 @@ def test_reproduce_smoke(tmp_path, monkeypatch):
     assert (pd.read_csv(out / "table1" / "registry.csv")["status"] == "finished").all()
     claims = pd.read_csv(out / "claims.csv")
     seeded = claims[claims["id"].str.startswith(("table1", "scaling"))]
-    assert len(claims) == len(CLAIMS) and "holds" not in set(seeded["verdict"])  # one seed: no interval
+    assert len(claims) == claims_count and "holds" not in set(seeded["verdict"])  # one seed: no interval
 
     # a new machine: the run folders are gone, the committed results are not. The pipeline restores the
     # runs from the registries, trains nothing, and keeps every per-run measurement it can no longer take,
@@ -211,12 +211,11 @@ def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concur
     import threading
 
     tiny = [*TINY, "model=transformer"]
-    plan = {"a": sweeps._run([*tiny, "seed=1"], label="a"), "b": sweeps._run([*tiny, "seed=2"], label="b")}
-    monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: plan)
-    sweeps.run_sweep("table1", "smoke", tmp_path)
+    plan = {"a": configuration("a", [*tiny, "seed=1"], "a"), "b": configuration("b", [*tiny, "seed=2"], "b")}
+    train_stage("table1", "smoke", Stage("t", plan), tmp_path)
     kept = (tmp_path / "a" / "metrics.json").stat().st_mtime_ns
     (tmp_path / "b" / "metrics.json").unlink()  # as if the sweep was killed while training b
-    reg = sweeps.run_sweep("table1", "smoke", tmp_path)
+    reg = train_stage("table1", "smoke", Stage("t", plan), tmp_path).registry
     assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns == kept
     assert set(reg["status"]) == {"finished"}
 
@@ -225,7 +224,7 @@ def test_interrupted_sweep_reruns_only_missing_runs_and_registry_survives_concur
     def hammer():
         try:
             for _ in range(20):
-                sweeps.write_registry(tmp_path)
+                write_registry(tmp_path)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
@@ -250,23 +249,24 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
 
     from ttt_bench import reproduce
     from ttt_bench.config import compose
+    from ttt_bench.experiments.engine.cost import LLAMA_VOCAB
     from ttt_bench.flops import flops_per_token
-    from ttt_bench.reproduce import LLAMA_VOCAB, STEPS, paper_plan
+    from ttt_bench.reproduce import paper_plan
 
     plan = paper_plan("/data")
     # what main() trains with a GPU: the runs it plans its progress over, every step's runner a no-op
     trained = []
     monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
     root = (tmp_path / "runs").resolve()
-    monkeypatch.setattr(sweeps.Progress, "plan", lambda self, runs, out: trained.extend(
-        (str(out.relative_to(root)), name, run["overrides"]) for name, run in runs.items()))
-    for step in STEPS:
-        monkeypatch.setitem(reproduce.RUNNERS, step, lambda ctx: None)
+    monkeypatch.setattr(Progress, "plan", lambda self, runs, out: trained.extend(
+        (str(out.relative_to(root)), name, run.overrides) for name, run in runs.items()))
+    for e in EXPERIMENTS.values():
+        monkeypatch.setattr(e, "run_step", lambda ctx: None)
     monkeypatch.setattr(reproduce, "write_report", lambda *a: tmp_path / "REPORT.md")
     reproduce.main(["--profile", "paper", "--data-dir", "/data", "--out", str(tmp_path),
                     "--runs", str(tmp_path / "runs")])
     assert sorted(trained) == sorted(zip(plan["folder"], plan["run"], plan["overrides"], strict=True))
-    assert set(plan["sweep"]) == set(STEPS) - {"latency"} and len(plan) == len(trained)
+    assert set(plan["sweep"]) == set(steps()) - {"latency"} and len(plan) == len(trained)
 
     assert set(plan["precision"]) == {"bf16-mixed"}
     lm = plan[plan["sweep"].isin(["table1", "minibatch", "scaling"])]
@@ -293,8 +293,10 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
 
 def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
     """The README's results are written from claims.csv and the step files, between its markers."""
-    from ttt_bench.experiments.claims import CLAIMS
-    from ttt_bench.reproduce import README_BLOCK, update_readme
+    from ttt_bench.experiments.engine.report import README_BLOCK, update_readme
+    from ttt_bench.reproduce import README_HEADLINE
+
+    CLAIMS = [c for e in EXPERIMENTS.values() for c in e.claims]
 
     out = tmp_path / "results" / "cpu"
     (out / "table1").mkdir(parents=True)
@@ -323,7 +325,7 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
     (out / "RUN.md").write_text("how the run went\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\nrest\n")
-    update_readme(readme, out, "make reproduce PROFILE=cpu")
+    update_readme(readme, out, list(EXPERIMENTS.values()), "make reproduce PROFILE=cpu", README_HEADLINE)
     text = readme.read_text()
     assert "stale" not in text and text.startswith("intro") and text.endswith("rest\n")
     assert f"| {CLAIMS[0].figure}: {CLAIMS[0].claim} | **holds** | x 1 vs 2 |" in text
@@ -335,13 +337,12 @@ def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_pa
     """A later session (no run folders) restores the finished runs of the committed registry, trains the
     rest, and does not restore a run whose overrides changed."""
     tiny = [*TINY, "model=transformer"]
-    plan = {"a": sweeps._run([*tiny, "seed=1"], label="a"), "b": sweeps._run([*tiny, "seed=2"], label="b")}
-    monkeypatch.setattr(sweeps, "plan_sweep", lambda *a: json.loads(json.dumps(plan)))
-    first = sweeps.run_sweep("table1", "smoke", tmp_path / "session1")
+    plan = {"a": configuration("a", [*tiny, "seed=1"], "a"), "b": configuration("b", [*tiny, "seed=2"], "b")}
+    first = train_stage("table1", "smoke", Stage("t", copy.deepcopy(plan)), tmp_path / "session1").registry
     committed = tmp_path / "registry.csv"
     first.assign(status=["finished", "failed"]).to_csv(committed, index=False)
-    plan["b"]["overrides"] = [*tiny, "seed=3"]  # b was planned anew: it must train
-    reg = sweeps.run_sweep("table1", "smoke", tmp_path / "session2", committed=committed)
+    plan["b"].overrides = [*tiny, "seed=3"]  # b was planned anew: it must train
+    reg = train_stage("table1", "smoke", Stage("t", plan, committed), tmp_path / "session2").registry
     a = json.loads((tmp_path / "session2" / "a" / "metrics.json").read_text())
     assert a["restored_from"] == str(committed) and a["val_ppl"] == pytest.approx(first.loc[0, "val_ppl"])
     assert not (tmp_path / "session2" / "a" / "checkpoints").exists()  # not trained again
@@ -349,22 +350,25 @@ def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_pa
 
 
 def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and_state_sizes():
-    p = sweeps.load_sweep("recall")["profiles"]["cpu"]
-    methods = list(sweeps.load_sweep("recall")["methods"])
-    calibration = sweeps.plan_sweep("recall", "cpu")
+    recall = EXPERIMENTS["recall"]
+    p = recall.sweep["profiles"]["cpu"]
+    methods = list(recall.sweep["methods"])
+    calibration = recall.plan("cpu")
     assert len(calibration) == len(methods) * len(p["lrs"])  # one seed, the calibration point only
-    assert {r["seed"] for r in calibration.values()} == {0}
-    assert {(r["width"], r["pairs"]) for r in calibration.values()} == {tuple(p["calibration"].values())}
-    fake = pd.DataFrame([{**r, "status": "finished", "val_accuracy": 0.5 + (r["lr"] == p["lrs"][-1]) * 0.1,
-                          "val_loss": 1.0} for r in calibration.values()])
-    lrs = sweeps.best_lrs(fake)
+    assert {r.seed for r in calibration.values()} == {0}
+    assert ({(r.info["width"], r.info["pairs"]) for r in calibration.values()}
+            == {tuple(p["calibration"].values())})
+    fake = pd.DataFrame([{**r.columns(), "status": "finished", "val_loss": 1.0,
+                          "val_accuracy": 0.5 + (r.info["lr"] == p["lrs"][-1]) * 0.1}
+                         for r in calibration.values()])
+    lrs = best_lrs(fake)
     assert lrs == {m: p["lrs"][-1] for m in methods}
-    grid = sweeps.plan_sweep("recall", "cpu", lrs=lrs | {"mamba": p["lrs"][0]})
+    grid = recall.plan("cpu", lrs=lrs | {"mamba": p["lrs"][0]})
     assert len(grid) == len(methods) * len(p["widths"]) * len(p["pairs"]) * p["seeds"]
-    mamba = [r for r in grid.values() if r["method"] == "mamba"]
-    assert all(f"size.lr={p['lrs'][0]:g}" in r["overrides"] for r in mamba)
-    tf = next(r for r in grid.values() if r["method"] == "transformer" and r["width"] == 64)
-    assert tf["state_floats"] == 2 * 2 * p["seq_len"] * 64  # two layers of a K and V cache
+    mamba = [r for r in grid.values() if r.info["method"] == "mamba"]
+    assert all(f"size.lr={p['lrs'][0]:g}" in r.overrides for r in mamba)
+    tf = next(r for r in grid.values() if r.info["method"] == "transformer" and r.info["width"] == 64)
+    assert tf.info["state_floats"] == 2 * 2 * p["seq_len"] * 64  # two layers of a K and V cache
 
 
 def test_a_run_in_use_by_another_sweep_process_is_skipped_and_left_alone(tmp_path):
@@ -376,49 +380,46 @@ def test_a_run_in_use_by_another_sweep_process_is_skipped_and_left_alone(tmp_pat
 
     run_dir = tmp_path / "ok"
     with locked(run_dir), initialize_config_module("ttt_bench.conf", version_base="1.3"):
-        sweeps.run_one("ok", sweeps._run([*TINY, "model=transformer"], label="Transformer"), run_dir,
-                       sweeps.Progress(tmp_path / "progress.json"))
-    assert not (run_dir / "metrics.json").exists() and not sweeps.finished(run_dir)
+        runner.run_one("ok", configuration("ok", [*TINY, "model=transformer"], "Transformer"), run_dir,
+                       Progress(tmp_path / "progress.json"))
+    assert not (run_dir / "metrics.json").exists() and not run_finished(run_dir)
 
 
 def test_the_pipeline_progress_line_is_shared_by_every_process_through_its_file(tmp_path, caplog):
     """Joblib's workers and a second `make reproduce` report one progress line: the plan lives in a file and
     the run folders say what has finished (a run finished before the plan counts as done, not as speed)."""
-    runs = {n: sweeps._run([*TINY, "model=transformer"], label="Transformer") for n in ("a", "b", "c")}
+    runs = {n: configuration(n, [*TINY, "model=transformer"], "Transformer") for n in ("a", "b", "c")}
     (tmp_path / "a").mkdir()
-    sweeps.write_json(tmp_path / "a" / "metrics.json", {"status": "finished"})  # from an earlier session
-    sweeps.Progress(tmp_path / "progress.json").plan(runs, tmp_path)
-    sweeps.write_json(tmp_path / "b" / "metrics.json", {"status": "finished"})  # another worker's, just now
-    with caplog.at_level("INFO", logger=sweeps.log.name):
-        sweeps.Progress.load(tmp_path / "progress.json").begin("c")
+    write_json(tmp_path / "a" / "metrics.json", {"status": "finished"})  # from an earlier session
+    Progress(tmp_path / "progress.json").plan(runs, tmp_path)
+    write_json(tmp_path / "b" / "metrics.json", {"status": "finished"})  # another worker's, just now
+    with caplog.at_level("INFO", logger=runner.log.name):
+        Progress.load(tmp_path / "progress.json").begin("c")
     assert "run 3/3 (c)" in caplog.text and "ETA 0 min" in caplog.text
 
 
 def test_a_run_waits_while_another_process_trains_the_run_it_starts_from(tmp_path, monkeypatch):
     """TF finetune starts from another run: while a second process of the sweep trains that run, the
     finetune is left for later (not recorded as failed); a parent that failed fails it."""
-    import copy
-
     from ttt_bench.training.run_folder import locked
 
     tiny = [*TINY, "model=transformer"]
-    plan = {"a": sweeps._run(tiny, label="a"), "b": sweeps._run([*tiny, "recipe=finetune"], label="b")}
-    plan["b"]["after"] = "a"
-    monkeypatch.setattr(sweeps, "plan_sweep", lambda *a, **k: copy.deepcopy(plan))
+    plan = {"a": configuration("a", tiny, "a"), "b": configuration("b", [*tiny, "recipe=finetune"], "b")}
+    plan["b"].after = "a"
     with locked(tmp_path / "a"):  # the other process
-        sweeps.run_sweep("table1", "smoke", tmp_path)
+        train_stage("table1", "smoke", Stage("t", copy.deepcopy(plan)), tmp_path)
     assert not (tmp_path / "b" / "metrics.json").exists()
-    plan["a"]["overrides"] = [*tiny, "model=no_such_model"]
-    sweeps.run_sweep("table1", "smoke", tmp_path)
+    plan["a"].overrides = [*tiny, "model=no_such_model"]
+    train_stage("table1", "smoke", Stage("t", copy.deepcopy(plan)), tmp_path)
     assert "did not finish" in json.loads((tmp_path / "b" / "metrics.json").read_text())["error"]
 
 
 def test_a_step_tabulated_without_training_says_so_instead_of_a_wall_time(tmp_path):
     """`--no-train` tabulates runs that other processes trained: its step.json must not pass the seconds of
     tabulation off as the step's wall time."""
-    from ttt_bench import reproduce
+    from ttt_bench.experiments.engine.report import Step
 
-    reproduce.Step(tmp_path, "scaling", "ttt-bench ablate scaling", trains=False).done()
-    reproduce.Step(tmp_path, "latency", "ttt-bench bench models").done()
+    Step(tmp_path, "scaling", "ttt-bench ablate scaling", trains=False).done()
+    Step(tmp_path, "latency", "ttt-bench bench models").done()
     assert json.loads((tmp_path / "scaling" / "step.json").read_text())["tabulated_only"] is True
     assert json.loads((tmp_path / "latency" / "step.json").read_text())["tabulated_only"] is False

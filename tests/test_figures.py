@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ttt_bench.experiments import figures
+from ttt_bench.experiments import latency, minibatch, recall, scaling
+from ttt_bench.experiments.engine import plotting as P
 
 FLOORS = {
     "pile": {"unigram": 28.1, "bigram": 11.9, "5-gram (Kneser-Ney)": 5.2},
@@ -164,7 +165,7 @@ def _written(paths) -> None:
 
 
 def _floor_lines(ax) -> list[float]:
-    return sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_color() == figures.FLOOR_COLOUR)
+    return sorted(ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_color() == P.FLOOR_COLOUR)
 
 
 def _legend_outside(fig) -> None:
@@ -180,33 +181,33 @@ def _legend_outside(fig) -> None:
 
 
 def test_styles_are_fixed_per_method():
-    assert figures.method_style("TF pretrain") == figures.method_style("Transformer")
-    assert figures.method_style("Linear attention [41]") == figures.method_style("Linear attention")
-    assert figures.method_style("Some new method") == figures.method_style("Some new method")
-    colours = {figures.method_style(k)[0] for k in figures.METHOD_STYLES if k != "TF pretrain"}
-    assert len(colours) == len(figures.METHOD_STYLES) - 1
-    assert set(figures.PAPER_NAMES.values()) <= set(figures.METHOD_STYLES)
+    assert P.method_style("TF pretrain") == P.method_style("Transformer")
+    assert P.method_style("Linear attention [41]") == P.method_style("Linear attention")
+    assert P.method_style("Some new method") == P.method_style("Some new method")
+    colours = {P.method_style(k)[0] for k in P.METHOD_STYLES if k != "TF pretrain"}
+    assert len(colours) == len(P.METHOD_STYLES) - 1
+    assert set(P.PAPER_NAMES.values()) <= set(P.METHOD_STYLES)
 
 
 def test_nice_log_ticks_are_few_and_round():
-    assert figures.nice_log_ticks(3.7e11, 8.9e12) == [5e11, 1e12, 2e12, 5e12]
-    assert figures.nice_log_ticks(5, 30) == [5, 10, 20]
-    narrow = figures.nice_log_ticks(15.7, 16.7)
+    assert P.nice_log_ticks(3.7e11, 8.9e12) == [5e11, 1e12, 2e12, 5e12]
+    assert P.nice_log_ticks(5, 30) == [5, 10, 20]
+    narrow = P.nice_log_ticks(15.7, 16.7)
     assert 2 <= len(narrow) <= 7 and all(15.7 <= t <= 16.7 for t in narrow)
 
 
 def test_aggregate_over_seeds():
     reg = scaling_registry()
-    agg = figures.aggregate(figures.finished(reg))
+    agg = P.aggregate(P.plotted_runs(reg))
     assert (agg["n_seeds"] == 3).all() and (agg["ppl_std"] > 0).all()
-    one = figures.aggregate(figures.finished(reg.drop(columns=["config", "seed", "corpus"])))
+    one = P.aggregate(P.plotted_runs(reg.drop(columns=["config", "seed", "corpus"])))
     assert (one["n_seeds"] == 1).all() and len(one) == int((reg["status"] == "finished").sum())
-    assert figures.seeds_note([3, 3]) == "mean ± std over 3 seeds" and figures.seeds_note([1]) == "1 seed"
+    assert P.seeds_note([3, 3]) == "mean ± std over 3 seeds" and P.seeds_note([1]) == "1 seed"
 
 
 def test_scaling_and_context(tmp_path):
     reg = scaling_registry()
-    fig = figures.scaling_figure(reg, FLOORS)
+    fig = scaling.scaling_figure(reg, FLOORS)
     panels = [ax for ax in fig.axes if ax.axison]
     assert len(panels) == 3
     for ax in panels:
@@ -233,35 +234,35 @@ def test_scaling_and_context(tmp_path):
         for c in ax.containers:
             colours.setdefault(c.get_label().split(" (single")[0], set()).add(c.lines[0].get_color())
     assert all(len(v) == 1 for v in colours.values())
-    assert colours["TTT-Linear (M)"] == {figures.method_style("TTT-Linear (M)")[0]}
+    assert colours["TTT-Linear (M)"] == {P.method_style("TTT-Linear (M)")[0]}
     _legend_outside(fig)
     plt.close(fig)
-    _written(figures.scaling(reg, tmp_path / "scaling", floors=FLOORS))
-    plt.close(figures.scaling_figure(reg))  # no floors
+    _written(P.save(scaling.scaling_figure(reg, FLOORS), tmp_path / "scaling"))
+    plt.close(scaling.scaling_figure(reg))  # no floors
 
-    fig = figures.context_figure(reg, FLOORS)
+    fig = scaling.context_figure(reg, FLOORS)
     (ax,) = fig.axes
     assert "books-mini" in ax.get_title() and ax.get_ylabel()
     assert _floor_lines(ax) == sorted(FLOORS["books"].values())
     _legend_outside(fig)
     plt.close(fig)
-    _written(figures.context(reg, tmp_path / "context", floors=FLOORS))
+    _written(P.save(scaling.context_figure(reg, FLOORS), tmp_path / "context"))
 
 
 def test_old_registry_without_seed_columns(tmp_path):
     reg = scaling_registry()
     reg = reg[reg["seed"] == 0].drop(columns=["config", "seed", "corpus"])
-    fig = figures.scaling_figure(reg)
+    fig = scaling.scaling_figure(reg)
     assert all("corpus not recorded" in ax.get_title() for ax in fig.axes if ax.axison)
     assert all("1 seed" in ax.get_ylabel() for ax in fig.axes if ax.axison)
     plt.close(fig)
-    _written(figures.context(reg, tmp_path / "context"))
+    _written(P.save(scaling.context_figure(reg), tmp_path / "context"))
 
 
 def test_token_index(tmp_path):
     reg = scaling_registry(tmp_path / "sweep")
-    curves = figures.read_token_index(figures.token_index_runs(reg), tmp_path / "sweep")
-    fig = figures.token_index_figure(reg, curves, floors=FLOORS)
+    curves = scaling.read_token_index(scaling.token_index_runs(reg), tmp_path / "sweep")
+    fig = scaling.token_index_figure(reg, curves, floors=FLOORS)
     (ax,) = fig.axes
     assert ax.get_xscale() == "log" and "mean ± std over 3 seeds" in ax.get_ylabel()
     assert "books-mini, context 512" in ax.get_title()
@@ -270,16 +271,16 @@ def test_token_index(tmp_path):
     assert len(ax.collections) == 3  # a band per configuration
     assert _floor_lines(ax) == sorted(FLOORS["books"].values())
     plt.close(fig)
-    _written(figures.token_index(reg, curves, tmp_path / "token_index", floors=FLOORS))
+    _written(P.save(scaling.token_index_figure(reg, curves, floors=FLOORS), tmp_path / "token_index"))
     with pytest.raises(ValueError):
-        figures.token_index(reg[reg["matched"].isna()], curves, tmp_path / "none")
+        scaling.token_index_figure(reg[reg["matched"].isna()], curves)
     with pytest.raises(ValueError):  # matched runs, but none of their curves
-        figures.token_index(reg, curves.iloc[:0], tmp_path / "none")
+        scaling.token_index_figure(reg, curves.iloc[:0])
 
 
 def test_minibatch(tmp_path):
     reg, timing = minibatch_registry()
-    fig = figures.minibatch_figure(reg, timing, FLOORS)
+    fig = minibatch.minibatch_figure(reg, timing, FLOORS)
     ours, paper, time_ax = fig.axes
     assert [t.get_text() for t in ours.get_xticklabels()][-1] == "b=T"
     assert [t.get_text() for t in time_ax.get_xticklabels()][-1] == "b=T"
@@ -291,36 +292,39 @@ def test_minibatch(tmp_path):
     assert len(fig.axes) == 3  # no twin axes
     _legend_outside(fig)
     plt.close(fig)
-    _written(figures.minibatch(reg, timing, tmp_path / "minibatch", floors=FLOORS))
-    plt.close(figures.minibatch_figure(reg, None))  # no timing, no floors
+    _written(P.save(minibatch.minibatch_figure(reg, timing, FLOORS), tmp_path / "minibatch"))
+    plt.close(minibatch.minibatch_figure(reg, None))  # no timing, no floors
 
 
 def test_inner_loss_and_latency(tmp_path):
-    fig = figures.inner_loss_figure(inner_losses())
+    fig = minibatch.inner_loss_figure(inner_losses())
     assert all(ax.get_ylabel() for ax in fig.axes if ax.axison) and len(fig.legends) == 1
     _legend_outside(fig)
     plt.close(fig)
-    _written(figures.inner_loss(inner_losses(), tmp_path / "inner_loss"))
-    fig = figures.latency_figure(latency_bench())
+    _written(P.save(minibatch.inner_loss_figure(inner_losses()), tmp_path / "inner_loss"))
+    fig = latency.latency_figure(latency_bench())
     for ax in fig.axes:
         assert ax.get_ylabel() and [t.get_text() for t in ax.get_xticklabels()] == ["1k", "2k", "4k", "8k"]
     colours = {c.get_label(): c.lines[0].get_color() for ax in fig.axes for c in ax.containers}
-    assert colours["TTT-Linear (M)"] == figures.method_style("TTT-Linear (M)")[0]
+    assert colours["TTT-Linear (M)"] == P.method_style("TTT-Linear (M)")[0]
     _legend_outside(fig)
     plt.close(fig)
-    _written(figures.latency(latency_bench(), tmp_path / "latency"))
+    _written(P.save(latency.latency_figure(latency_bench()), tmp_path / "latency"))
 
 
-def test_plot_cli_reads_floors(tmp_path):
-    import json
-
+def test_plot_cli_reads_the_sweeps_floors(tmp_path):
     from ttt_bench.cli import plot
+
+    from ttt_bench.experiments.engine.floors import read_drawn_floors
 
     sweep = tmp_path / "sweep"
     reg = scaling_registry(sweep)
     reg.to_csv(sweep / "registry.csv", index=False)
-    (sweep / "floors.json").write_text(json.dumps(FLOORS))
-    assert plot.read_floors(sweep) == FLOORS and plot.read_floors(tmp_path) is None
+    rows = [{"role": role, "corpus": f"{role}-mini", "seq_len": 512, "floor": name, "val_ppl": v}
+            for role, floors in FLOORS.items() for name, v in floors.items()]
+    pd.DataFrame(rows).to_csv(sweep / "floors.csv", index=False)
+    assert read_drawn_floors(sweep)["pile"] == {"bigram": 11.9, "unigram": 28.1}  # the drawn ones
+    assert read_drawn_floors(tmp_path) == {}
     plot.run(["token-index", str(sweep), "--out", str(tmp_path / "figs")])
     _written([tmp_path / "figs" / "token_index.png", tmp_path / "figs" / "token_index.pdf"])
 
@@ -335,12 +339,12 @@ def test_recall_panels_per_width_and_the_state_size_frontier(tmp_path):
         for w in (32, 64) for n in (4, 8, 16) for s in range(3)
     ]
     reg = pd.DataFrame(rows)
-    fig = figures.recall_figure(reg)
+    fig = recall.recall_figure(reg)
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["width 32", "width 64", "accuracy vs state size (darker: more pairs)"]
     assert all(ax.get_ylabel() == "answer accuracy" for ax in fig.axes)
     colours = {c.get_label(): c.lines[0].get_color() for c in fig.axes[0].containers}
-    assert colours["Mamba"] == figures.method_style("Mamba")[0]
+    assert colours["Mamba"] == P.method_style("Mamba")[0]
     assert "3 seeds" in fig._suptitle.get_text()
     _legend_outside(fig)
     plt.close(fig)

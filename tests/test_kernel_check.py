@@ -1,6 +1,6 @@
 """`kernel: auto` takes TTT-Linear's Triton kernels only where they matched PyTorch on the device
-(ttt_bench/kernel_check.py), and `ttt-bench doctor` says which path each model takes. Without a GPU the
-selection logic runs on a stand-in CUDA tensor with the check's comparison monkeypatched or run on the
+(ttt_bench/models/ttt/kernel_check.py), and `ttt-bench doctor` says which path each model takes. Without a GPU
+the selection logic runs on a stand-in CUDA tensor with the check's comparison monkeypatched or run on the
 CPU (Triton's interpreter, TRITON_INTERPRET=1 from conftest.py); the real check on a GPU runs where there is
 one."""
 
@@ -11,13 +11,12 @@ import pytest
 import torch
 from ttt_bench.cli.main import main
 
-from ttt_bench import kernel_check
+from ttt_bench.models.ttt import kernel_check
+from ttt_bench.models.ttt.kernel_check import use_triton
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
 from ttt_bench.kernels import ttt_linear as triton_linear  # noqa: E402
-
-from ttt_bench import kernels  # noqa: E402
 
 GPU = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # what use_triton reads of a CUDA tensor
 
@@ -48,22 +47,22 @@ def test_the_kernels_match_pytorch_on_this_device(one_thread):
 
 
 def test_auto_selects_triton_after_one_passing_check_cached_per_device_and_versions(fresh, monkeypatch):
-    assert kernels.use_triton(GPU) and len(fresh.calls) == 1
-    assert kernels.use_triton(GPU) and len(fresh.calls) == 1  # this process's verdict
+    assert use_triton(GPU) and len(fresh.calls) == 1
+    assert use_triton(GPU) and len(fresh.calls) == 1  # this process's verdict
     import triton
 
     key = f"Test GPU | torch {torch.__version__} | triton {triton.__version__}"
     recorded = json.loads(fresh.cache.read_text())
     assert recorded[key]["ok"] and recorded[key]["tolerance"] == kernel_check.TOLERANCE
     monkeypatch.setattr(kernel_check, "_verdicts", {})  # a new process: the file's verdict, no new check
-    assert kernels.use_triton(GPU) and len(fresh.calls) == 1
+    assert use_triton(GPU) and len(fresh.calls) == 1
     monkeypatch.setattr(triton, "__version__", "0.0-other")  # another Triton: checked again
-    assert kernels.use_triton(GPU) and len(fresh.calls) == 2 and len(json.loads(fresh.cache.read_text())) == 2
+    assert use_triton(GPU) and len(fresh.calls) == 2 and len(json.loads(fresh.cache.read_text())) == 2
     # never checked: forced on or off, or not on CUDA
-    assert kernels.use_triton(GPU, "triton") and not kernels.use_triton(GPU, "torch")
-    assert not kernels.use_triton(torch.zeros(1)) and len(fresh.calls) == 2
+    assert use_triton(GPU, "triton") and not use_triton(GPU, "torch")
+    assert not use_triton(torch.zeros(1)) and len(fresh.calls) == 2
     monkeypatch.setenv("TTT_BENCH_KERNELS", "torch")
-    assert not kernels.use_triton(GPU)
+    assert not use_triton(GPU)
 
 
 def test_a_kernel_that_disagrees_falls_back_to_pytorch_with_one_warning(fresh, monkeypatch):
@@ -76,8 +75,8 @@ def test_a_kernel_that_disagrees_falls_back_to_pytorch_with_one_warning(fresh, m
     monkeypatch.setattr(triton_linear, "ttt_linear_dual", off_by_a_bit)
     expected = "rejected on Test GPU.*dual output 0.*PyTorch dual form"
     with pytest.warns(RuntimeWarning, match=expected) as caught:
-        assert not kernels.use_triton(GPU)
-        assert not kernels.use_triton(GPU)
+        assert not use_triton(GPU)
+        assert not use_triton(GPU)
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
     (verdict,) = json.loads(fresh.cache.read_text()).values()
     assert not verdict["ok"] and "dual output 0" in verdict["detail"]
@@ -89,7 +88,7 @@ def test_a_kernel_that_does_not_compile_falls_back_to_pytorch(fresh, monkeypatch
 
     monkeypatch.setattr(triton_linear, "ttt_linear_dual", broken)
     with pytest.warns(RuntimeWarning, match="CompilationError"):
-        assert not kernels.use_triton(GPU)
+        assert not use_triton(GPU)
     (verdict,) = json.loads(fresh.cache.read_text()).values()
     assert not verdict["ok"] and verdict["detail"].startswith("RuntimeError: triton.compiler")
 
@@ -98,7 +97,7 @@ def test_a_kernel_that_does_not_compile_falls_back_to_pytorch(fresh, monkeypatch
 def test_auto_on_this_gpu_runs_the_checked_kernels(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(kernel_check, "_verdicts", {})
-    assert kernels.use_triton(torch.zeros(1, device="cuda"))
+    assert use_triton(torch.zeros(1, device="cuda"))
     assert next(iter(json.loads((tmp_path / "ttt-bench" / "kernel_check.json").read_text()).values()))["ok"]
 
 

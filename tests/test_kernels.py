@@ -1,4 +1,6 @@
-"""Triton kernels vs the PyTorch TTT layer: outputs and gradients in float32 (docs/speed.md).
+"""Triton kernels vs the PyTorch TTT layer: outputs and gradients in float32, and at head size 64 (the paper
+sizes') against PyTorch in float64, in both matmul precisions (docs/speed.md). Whether the kernels compile
+for a GPU is tests/test_kernels_aot.py's.
 
 On CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before triton is imported);
 on CUDA the same tests run natively.
@@ -13,13 +15,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
-from ttt_bench.kernels import use_triton  # noqa: E402
-from ttt_bench.kernels.ttt_decode import reference as decode_reference  # noqa: E402
-from ttt_bench.kernels.ttt_decode import ttt_linear_decode  # noqa: E402
 from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
 
 from tests.conftest import rel_err  # noqa: E402
-from ttt_bench.models.ttt import dual_scan  # noqa: E402
+from ttt_bench.models.ttt import dual_scan, kernel_check  # noqa: E402
+from ttt_bench.models.ttt.kernel_check import use_triton  # noqa: E402
+from ttt_bench.models.ttt.triton_decode import decode_reference, ttt_linear_decode  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative to the largest entry: float32 with reductions over a few hundred terms
@@ -73,6 +74,56 @@ def test_dual_larger_head_dim():
         assert rel_err(a, b) < TOL, name
 
 
+def float64_reference_errors(kernel, reference, inputs, seed=6):
+    """Outputs and gradients of every input (under random cotangents) of `kernel` on float32 `inputs`, each
+    as its error relative to the largest entry of `reference` run in float64 on the same values."""
+    x32 = [t.detach().requires_grad_() for t in inputs]
+    x64 = [t.detach().double().requires_grad_() for t in inputs]
+    out32, out64 = kernel(*x32), reference(*x64)
+    out32, out64 = [o for o in out32 if o is not None], [o for o in out64 if o is not None]
+    g = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.device) for o in out64]
+    g32 = torch.autograd.grad(out32, x32, [c.float() for c in cot], allow_unused=True)
+    g64 = torch.autograd.grad(out64, x64, cot, allow_unused=True)
+    errors = {f"out{i}": rel_err(a.double(), b) for i, (a, b) in enumerate(zip(out32, out64, strict=True))}
+    for name, a, b in zip(NAMES if len(inputs) == len(NAMES) else range(len(inputs)), g32, g64, strict=True):
+        if b is not None:
+            errors[f"d{name}"] = rel_err(a.double(), b)
+    return errors
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_dual_head_size_64_against_float64(precision, monkeypatch):
+    """The paper sizes' head size (125m, 350m, 1.3b): outputs and gradients of every input against the
+    PyTorch dual form in float64. ieee: float32 rounding only. tf32 (the layer's precision on CUDA): every
+    tl.dot input rounded to 10 mantissa bits, natively on a GPU and emulated in the interpreter (which
+    otherwise ignores the precision), within the kernel check's TF32_TOLERANCE and well above ieee's error,
+    so the precision reaches the matmuls."""
+    if precision == "tf32" and DEVICE == "cpu":
+        interpreter = pytest.importorskip("triton.runtime.interpreter")
+        builder, round_tf32 = interpreter.InterpreterBuilder, getattr(interpreter, "_round_f32_to_tf32", None)
+        if round_tf32 is None:
+            pytest.skip("this Triton's interpreter has no tf32 rounding to emulate tf32 matmuls with")
+        create_dot = builder.create_dot
+
+        def tf32_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            if str(input_precision).upper().endswith("TF32"):
+                a = interpreter.TensorHandle(round_tf32(a.data), a.dtype.scalar)
+                b = interpreter.TensorHandle(round_tf32(b.data), b.dtype.scalar)
+            return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+        monkeypatch.setattr(builder, "create_dot", tf32_dot)
+    inputs = dual_inputs(B=1, H=2, N=2, f=64, seed=7)
+    errors = float64_reference_errors(lambda *x: ttt_linear_dual(*x, precision=precision),
+                                      dual_scan.ttt_linear_dual, inputs)
+    assert len(errors) == 3 + len(NAMES)
+    worst = max(errors.values())
+    if precision == "ieee":
+        assert worst < 1e-5, errors
+    else:
+        assert 1e-4 < worst < kernel_check.TF32_TOLERANCE, errors
+
+
 def decode_inputs(B=2, H=3, f=16, seed=0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(DEVICE)
@@ -91,6 +142,18 @@ def test_decode_matches_pytorch_with_gradients():
     grads = [torch.autograd.grad((o.sin().sum() + s.sum()), inputs) for o, s in ((z, sw), (z_ref, sw_ref))]
     for a, b in zip(*grads, strict=True):
         assert rel_err(a, b) < TOL
+
+
+def test_decode_head_size_64_against_float64():
+    """The decode kernel at the paper sizes' head size: outputs (z and the gradient sums) and gradients of
+    every input against its PyTorch step in float64."""
+    errors = float64_reference_errors(ttt_linear_decode, decode_reference_flat, decode_inputs(B=1, H=2, f=64))
+    assert len(errors) == 3 + 11 and max(errors.values()) < 1e-5, errors
+
+
+def decode_reference_flat(*inputs):
+    z, (sw, sb) = decode_reference(*inputs)
+    return z, sw, sb
 
 
 def test_decode_token_by_token_equals_dual_mini_batch():

@@ -19,6 +19,7 @@ from ttt_bench.data.mqar import (
     slot_probabilities,
     weighted_draws,
 )
+from ttt_bench.data.tokenizers import from_spec
 from ttt_bench.errors import UserError
 from ttt_bench.training.module import LitLM, masked_loss
 
@@ -225,8 +226,6 @@ def test_a_training_mixture_of_pair_counts():
 
 
 def test_checkpoints_rebuild_the_mqar_vocabulary():
-    from ttt_bench.data.tokenizers import from_spec
-
     vocab = MQARDataModule(vocab_size=64, num_kv_pairs=4, seq_len=32).build_tokenizer()
     again = from_spec(vocab.spec)
     assert again.vocab_size == 64 and again.decode(again.encode("3 40 7")) == "3 40 7"

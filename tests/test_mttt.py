@@ -322,14 +322,14 @@ def test_image_task_errors(tmp_path):
 
 def test_mttt_sweeps_plan_and_compose(tmp_path):
     from ttt_bench.config import compose
-    from ttt_bench.experiments.sweeps import plan_sweep
+    from ttt_bench.experiments import EXPERIMENTS
 
     for sweep, rows in (("mttt_patches", 6), ("mttt_pixels", 6), ("mttt_ablation", 4)):
-        runs = plan_sweep(sweep, "cpu", str(tmp_path))
-        assert len(runs) == 3 * rows and all("data=fashion_mnist" in r["overrides"] for r in runs.values())
-        smoke = plan_sweep(sweep, "smoke")
-        for spec in list(smoke.values())[:2]:
-            cfg = compose("train", spec["overrides"])
+        runs = EXPERIMENTS[sweep].plan("cpu", str(tmp_path))
+        assert len(runs) == 3 * rows and all("data=fashion_mnist" in r.overrides for r in runs.values())
+        smoke = EXPERIMENTS[sweep].plan("smoke")
+        for run in list(smoke.values())[:2]:
+            cfg = compose("train", run.overrides)
             assert cfg.task.name == "image" and cfg.data.name == "synthetic_images"
 
 
@@ -361,8 +361,12 @@ def fake_registry(accuracies: dict, seeds: int = 3):
 def test_mttt_table_and_claims():
     import pandas as pd
 
-    from ttt_bench.experiments.claims import Results, judge_all
+    from ttt_bench.experiments import EXPERIMENTS
+    from ttt_bench.experiments.engine.report import Results
+    from ttt_bench.experiments.engine.verdicts import judge_all
     from ttt_bench.experiments.mttt import mttt_table
+
+    claims = [c for e in EXPERIMENTS.values() for c in e.claims]
 
     patches = fake_registry(
         {
@@ -377,14 +381,15 @@ def test_mttt_table_and_claims():
     table, md = mttt_table(patches)
     assert table["flops_rel"].tolist() == [1, 2, 3, 4, 5, 6] and "| mttt_mlp | 74.20" in md
     pixels = fake_registry({"linear_attention": 0.50, "mttt_mlp": 0.60, "mttt_mlp_sgd4": 0.63})
-    verdicts = judge_all(Results(mttt={"mttt_patches": patches, "mttt_pixels": pixels})).set_index("id")
+    registries = {("mttt_patches", "registry.csv"): patches, ("mttt_pixels", "registry.csv"): pixels}
+    verdicts = judge_all(claims, Results(frames=registries)).set_index("id")
     assert verdicts.loc["mttt.linear_equivalence", "verdict"] == "holds"
     assert verdicts.loc["mttt.mlp_beats_linear_attention", "verdict"] == "holds"
     assert verdicts.loc["mttt.pixels_gap", "verdict"] == "holds"
     assert verdicts.loc["mttt.ablation_ln", "verdict"] == "not measured"
     linear = pd.DataFrame({"floor": ["linear classifier on the pixels"], "test_acc": [72.0]})
-    floors = {"mttt_patches": linear}
-    v = judge_all(Results(mttt={"mttt_patches": patches}, mttt_floors=floors)).set_index("id")
+    frames = {("mttt_patches", "registry.csv"): patches, ("mttt_patches", "image_floors.csv"): linear}
+    v = judge_all(claims, Results(frames=frames)).set_index("id")
     assert v.loc["mttt.mlp_beats_linear_attention", "verdict"] == "inconclusive"  # linear attention <= 72%
     assert "do not beat the linear classifier on the pixels (72.0%): under-trained" in \
         v.loc["mttt.mlp_beats_linear_attention", "evidence"]

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import rel_err
 from ttt_bench.config import compose
-from ttt_bench.experiments import sweeps
+from ttt_bench.experiments.table1 import EXPERIMENT as TABLE1
 
 VOCAB = 256
 
@@ -28,12 +28,12 @@ def flat(d: dict, prefix: str = "") -> dict:
 @pytest.fixture(scope="module")
 def ladder() -> list[dict]:
     """The rows of the cpu profile (one seed), in order."""
-    runs = sweeps.plan_sweep("table1", "cpu")
-    return [r for r in runs.values() if r["seed"] == 0 and r["row"] is not None]
+    runs = TABLE1.plan("cpu")
+    return [r for r in runs.values() if r.seed == 0 and r.info["row"] is not None]
 
 
-def build(spec: dict):
-    cfg = compose("train", spec["overrides"])
+def build(run):
+    cfg = compose("train", run.overrides)
     L.seed_everything(cfg.seed)
     return instantiate(cfg.model, vocab_size=VOCAB).float()
 
@@ -41,7 +41,7 @@ def build(spec: dict):
 def test_ttt_equivalence_row_is_improved_linear_attention(ladder):
     """Theorem 1, from the sweep's own configs and seed: outputs and every gradient agree (fp32)."""
     la_spec, ttt_spec = ladder[1], ladder[2]
-    assert (la_spec["label"], ttt_spec["label"]) == ("Linear attn. improved", "TTT equivalence")
+    assert (la_spec.label, ttt_spec.label) == ("Linear attn. improved", "TTT equivalence")
     la, ttt = build(la_spec), build(ttt_spec)
     pairs = list(zip(la.parameters(), ttt.parameters(), strict=True))  # attn.* <-> ttt.*, in order
     assert all(torch.equal(p, q) for p, q in pairs)  # the same seed gives the same weights
@@ -59,19 +59,42 @@ def test_ttt_equivalence_row_is_improved_linear_attention(ladder):
 def test_consecutive_rows_differ_in_exactly_their_change(ladder):
     """Each row with a `change` resolves to the row above with exactly the changed keys different."""
     for above, row in zip(ladder, ladder[1:]):
-        if not row["change"]:  # a new model (Theorem 1): checked by the test above
+        if not row.info["change"]:  # a new model (Theorem 1): checked by the test above
             continue
-        a, b = flat(resolved(above["overrides"])), flat(resolved(row["overrides"]))
+        a, b = flat(resolved(above.overrides)), flat(resolved(row.overrides))
         differ = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
-        changed = {c.split("=", 1)[0] for c in row["change"].split()}
-        assert differ == changed, (row["label"], differ ^ changed)
+        changed = {c.split("=", 1)[0] for c in row.info["change"].split()}
+        assert differ == changed, (row.label, differ ^ changed)
 
 
 def test_last_row_is_ttt_linear_and_references_share_the_budget(ladder):
-    runs = sweeps.plan_sweep("table1", "cpu")
-    base = [o for o in ladder[-1]["overrides"] if not o.startswith("model")]
-    last = resolved(ladder[-1]["overrides"])["model"]
+    runs = TABLE1.plan("cpu")
+    base = [o for o in ladder[-1].overrides if not o.startswith("model")]
+    last = resolved(ladder[-1].overrides)["model"]
     assert last == resolved([*base, "model=ttt_linear"])["model"]
     for ref in ("transformer-s0", "mamba-s0"):
-        assert [o for o in runs[ref]["overrides"] if not o.startswith("model")] == base
-    assert len(runs) == (len(ladder) + 2) * sweeps.seeds_of(sweeps.load_sweep("table1"), "cpu")
+        assert [o for o in runs[ref].overrides if not o.startswith("model")] == base
+    assert len(runs) == (len(ladder) + 2) * TABLE1.seeds("cpu")
+
+
+def test_the_equivalent_rows_train_the_same_way(ladder):
+    """Theorem 1's two rows stay the same model under training, not only at initialisation: five AdamW steps
+    with the recipe's parameter groups (weight decay on matrices only) and gradient clipping, in float64,
+    leave every parameter equal. (In float32 the runs part after the first step: AdamW scales each gradient
+    entry by its own magnitude, so rounding noise in near-zero entries becomes a step of the full learning
+    rate; training then amplifies the difference as it would a change of seed.)"""
+    la, ttt = (build(r).double() for r in ladder[1:3])
+    g = torch.Generator().manual_seed(1)
+    opts = [torch.optim.AdamW([{"params": [p for p in m.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+                               {"params": [p for p in m.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                              lr=3e-3, betas=(0.9, 0.95)) for m in (la, ttt)]
+    for _ in range(5):
+        ids = torch.randint(0, VOCAB, (2, 65), generator=g)
+        for model, opt in zip((la, ttt), opts, strict=True):
+            opt.zero_grad()
+            logits = model(ids[:, :-1])
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    for (name, p), q in zip(la.named_parameters(), ttt.parameters(), strict=True):
+        assert rel_err(q, p) <= 1e-9, name

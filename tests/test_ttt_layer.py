@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 from tests.conftest import rel_err
 from ttt_bench.config import compose
-from ttt_bench.experiments.sweeps import plan_sweep
+from ttt_bench.experiments.table1 import EXPERIMENT as TABLE1
 from ttt_bench.models.lm import LanguageModel
 from ttt_bench.models.ttt import TTTBlock, learner
 from ttt_bench.models.ttt.convert import from_authors, to_authors
@@ -54,8 +54,7 @@ def test_eta_warmup_hook():
 
 
 TABLE_1 = {  # conf/sweep/table1.yaml as the sweep plans it: each row's model overrides
-    spec["config"]: [o for o in spec["overrides"] if o.startswith("model")]
-    for spec in plan_sweep("table1", "smoke").values()
+    run.config: [o for o in run.overrides if o.startswith("model")] for run in TABLE1.plan("smoke").values()
 }
 
 
@@ -110,18 +109,22 @@ def test_convert_round_trip(backbone):
 @pytest.mark.parametrize("decode", [False, True])
 def test_triton_kernels_in_the_layer_match_torch(monkeypatch, decode):
     """kernel="triton" (Triton's interpreter on CPU) against kernel="torch": the dual kernel over complete
-    mini-batches, and the decode kernel token by token."""
+    mini-batches, and the decode kernel token by token. Layers and inputs on the kernel's device: CUDA where
+    there is one (compiled kernels take CUDA tensors only; exact float32 matmuls there, as the tolerances
+    below), else the CPU and the interpreter."""
     pytest.importorskip("triton")
-    if not torch.cuda.is_available():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("TTT_BENCH_KERNEL_PRECISION", "ieee")  # the layer's CUDA default is tf32 (~1e-3)
     from ttt_bench.models.ttt import TTTLayer
     from ttt_bench.models.ttt.layer import TTTCache
 
     torch.manual_seed(0)
-    layers = [TTTLayer(32, 2, mini_batch_size=16, share_qk=True, use_gate=True, kernel=k).float()
+    layers = [TTTLayer(32, 2, mini_batch_size=16, share_qk=True, use_gate=True, kernel=k).float().to(device)
               for k in ("torch", "triton")]
     layers[1].load_state_dict(layers[0].state_dict())
-    x = torch.randn(2, 20 if decode else 40, 32, dtype=torch.float32)
+    x = torch.randn(2, 20 if decode else 40, 32, dtype=torch.float32).to(device)
     if decode:
         outs = []
         for layer in layers:

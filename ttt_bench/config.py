@@ -65,6 +65,16 @@ def register_resolvers() -> None:
 register_resolvers()
 
 
+def task_name(cfg: DictConfig) -> str:
+    """`lm` (language modelling, the default) or `image` (classification, MTTT): the `task` config group."""
+    from .errors import UserError
+
+    name = OmegaConf.select(cfg, "task.name") or "lm"
+    if name not in ("lm", "image"):
+        raise UserError(f"task={name} is not a task; use task=lm or task=image")
+    return name
+
+
 def compose(config_name: str = "train", overrides: list[str] | None = None) -> DictConfig:
     """Compose a config in code (tests, notebooks), as the CLI would."""
     from hydra import compose as hydra_compose

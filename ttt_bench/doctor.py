@@ -1,13 +1,22 @@
 """`ttt-bench doctor`: what this machine gives the toolkit. torch and CUDA, bf16 support, the optional
 kernels' packages (Triton, mamba-ssm, causal-conv1d), the data folder the configs read (paths.data_dir, set by
 TTT_BENCH_DATA_DIR) and the corpora in it, and the kernel path each language model takes here, as its
-layers choose it at run time (on CUDA this runs the one-time Triton check of ttt_bench/kernel_check.py)."""
+layers choose it at run time (on CUDA this runs the one-time Triton check of
+ttt_bench/models/ttt/kernel_check.py)."""
 
 import importlib
 import importlib.metadata
+import os
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
+
+from .config import compose
+from .kernels import HAS_TRITON
+from .models.mamba import block as mamba_block
+from .models.mamba import scan_cpu
+from .models.ttt import kernel_check
 
 CORPORA = {"pile-mini": "pile-mini/train.jsonl.zst", "books-mini": "books-mini/train.jsonl.zst",
            "fashion-mnist": "fashion-mnist"}
@@ -34,20 +43,11 @@ def describe(version: str | None, why: str | None) -> str:
 
 def data_dir() -> Path:
     """paths.data_dir as the train config composes it (TTT_BENCH_DATA_DIR, else ../shared/data)."""
-    from omegaconf import OmegaConf
-
-    from .config import compose
-
     return Path(OmegaConf.select(compose("train"), "paths.data_dir"))
 
 
 def triton_path(device: torch.device) -> str:
     """TTT-Linear's kernel path with kernel=auto on `device`."""
-    import os
-
-    from . import kernel_check
-    from .kernels import HAS_TRITON
-
     if device.type != "cuda":
         return "PyTorch dual form (the Triton kernels are CUDA-only with kernel=auto)"
     if not HAS_TRITON:
@@ -61,11 +61,8 @@ def triton_path(device: torch.device) -> str:
 
 
 def mamba_path(device: torch.device) -> str:
-    from .models.mamba import scan_cpu
-    from .models.mamba.block import cuda_kernels
-
     if device.type == "cuda":
-        if cuda_kernels() is not None:
+        if mamba_block.cuda_kernels() is not None:
             return "mamba-ssm CUDA kernels (selective scan, causal-conv1d)"
         return "PyTorch chunked selective scan (mamba-ssm or causal-conv1d missing)"
     if scan_cpu.available():

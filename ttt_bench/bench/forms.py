@@ -75,7 +75,7 @@ def run(args) -> pd.DataFrame:
         args.d_model, args.seq_len, args.tokens = 64, 128, 256
     if args.tokens < args.seq_len:
         raise ValueError(f"--tokens {args.tokens} is less than one sequence of --seq-len {args.seq_len}")
-    from ttt_bench.kernels import use_triton
+    from ttt_bench.models.ttt.kernel_check import use_triton
 
     device = common.setup(args)
     dtype = common.DTYPES[args.dtype]

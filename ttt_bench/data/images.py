@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
-from .datamodule import loader, stream_loader
+from .loaders import loader, stream_loader
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
 from ..io import atomic_file
-from .datamodule import loader, stream_loader
+from .loaders import loader, stream_loader
+from .tokenizers import MQARVocab
 
 log = logging.getLogger(__name__)
 
@@ -177,26 +178,6 @@ class MaskedSequences(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"tokens": self.sequences[i], "loss_mask": self.sequences.loss_mask(i)}
-
-
-class MQARVocab:
-    """The identity 'tokenizer' of MQAR: token ids are the data."""
-
-    byte_level = False
-    eos_id = None
-
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
-
-    @property
-    def spec(self) -> dict:
-        return {"kind": "mqar", "vocab_size": self.vocab_size}
-
-    def encode(self, text: str) -> np.ndarray:
-        return np.asarray([int(t) for t in text.split()], dtype=np.int64)
-
-    def decode(self, ids) -> str:
-        return " ".join(str(int(i)) for i in ids)
 
 
 class MQARDataModule(L.LightningDataModule):

@@ -85,10 +85,3 @@ def generate_document(
         else:
             out.append(next(fresh))
     return " ".join(out)
-
-
-def generate_corpus(seed: int, split: str, n_docs: int, mean_bytes: int = 24_000, vocab: int = 2048):
-    """Yield {"text": ...} documents for `split` ('train' or 'validation')."""
-    lang = SyntheticLanguage(seed=seed, vocab=vocab)
-    for i in range(n_docs):
-        yield {"text": generate_document(lang, seed, split, i, mean_bytes)}

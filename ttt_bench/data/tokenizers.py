@@ -1,6 +1,7 @@
-"""Tokenizers: byte-level (default, no downloads), a BPE trained on the training split, or any
-Hugging Face hub tokenizer by name. Each is described by a small dict (`spec`) saved in checkpoints,
-so `eval` and `generate` rebuild exactly the tokenizer a model was trained with."""
+"""Tokenizers: byte-level (default, no downloads), a BPE trained on the training split, any Hugging Face
+hub tokenizer by name, or MQAR's identity vocabulary (its token ids are the data). Each is described by a
+small dict (`spec`) saved in checkpoints, so `eval` and `generate` rebuild exactly the tokenizer a model was
+trained with."""
 
 import hashlib
 import json
@@ -67,6 +68,26 @@ class HFTokenizer:
         return self.tok.decode(list(ids))
 
 
+class MQARVocab:
+    """The identity 'tokenizer' of MQAR (data/mqar.py): token ids are the data."""
+
+    byte_level = False
+    eos_id = None
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    @property
+    def spec(self) -> dict:
+        return {"kind": "mqar", "vocab_size": self.vocab_size}
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray([int(t) for t in text.split()], dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
 def train_bpe(texts: Iterator[str], vocab_size: int, cache_dir: Path, key: str) -> HFTokenizer:
     """Byte-level BPE trained on `texts` (the training split), cached under `cache_dir/bpe-<key>.json`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -98,8 +119,6 @@ def from_spec(spec: dict):
     if kind == "byte":
         return ByteTokenizer()
     if kind == "mqar":  # MQAR's token ids are the data (data/mqar.py)
-        from .mqar import MQARVocab
-
         return MQARVocab(int(spec["vocab_size"]))
     if kind in ("bpe", "hf") and "json" in spec:
         return HFTokenizer(Tokenizer.from_str(spec["json"]), spec, spec.get("eos_token"))

@@ -1,20 +1,32 @@
-"""The MTTT experiments as sweeps, tables and claims (docs/mttt.md): conf/sweep/mttt_patches.yaml (the
-paper's Table 1), mttt_pixels.yaml (Table 3) and mttt_ablation.yaml (Table 2), and the inner loss over the
-steps (Figures 1 right, 3 and 4).
+"""The MTTT tables (Learning to (Learn at Test Time), 2023; docs/mttt.md): Table 1 (patches,
+conf/sweep/mttt_patches.yaml), Table 3 (raw pixels, mttt_pixels.yaml) and Table 2 (ablations,
+mttt_ablation.yaml), with the inner loss over the inner steps (Figures 1 right, 3 and 4).
 
-- `plan_mttt`: a sweep's rows, each its own list of overrides on `task=image` (no ladder);
-- `mttt_table`: accuracy over seeds beside the paper's, parameters and FLOPs relative to the sweep's
-  `reference` row (the paper's linear attention), FLOPs counted per image by train.py (vision/flops.py);
-- `inner_loss_table`: the mean inner loss per layer and step of every TTT run (`run_inner_losses`);
-- `mttt_claims`: the claims, judged on the registries like the language-model ones (experiments/claims.py).
+Each table is an experiment: its rows, each its own list of overrides on `task=image` (no ladder); its
+table of test accuracy over seeds beside the paper's, parameters and FLOPs relative to the sweep's
+`reference` row (FLOPs counted per image by train.py, vision/flops.py); the floors a reviewer asks for
+(majority class, a linear classifier on the same pixels); its claims, with the paper's accuracies read from
+the sweep's `paper_acc`.
 """
 
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+from hydra.utils import instantiate
+from matplotlib.ticker import MaxNLocator
 
-MTTT_SWEEPS = ("mttt_patches", "mttt_pixels", "mttt_ablation")
+from ..io import write_atomic
+from .engine import plotting as P
+from .engine.experiment import Experiment, Section, read_csv
+from .engine.plan import Run, composed, configuration
+from .engine.registry import finished_runs
+from .engine.stats import difference, mean_sd
+from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Claim, Verdict, compare
+
+LINEAR_FLOOR = "linear classifier on the pixels"
 
 
 def image_data_overrides(data_dir: str | None) -> list[str]:
@@ -24,45 +36,10 @@ def image_data_overrides(data_dir: str | None) -> list[str]:
     return ["data=fashion_mnist", f"paths.data_dir={Path(data_dir).resolve()}"]
 
 
-def plan_mttt(sweep: dict, profile: str, data_dir: str | None) -> dict:
-    from .sweeps import _run
-
-    settings = sweep["profiles"][profile]
-    base = ["task=image", *image_data_overrides(data_dir), *settings["overrides"]]
-    only = settings.get("rows")  # a profile may run a subset of the rows (smoke: the pipeline, not the table)
-    runs = {}
-    for i, row in enumerate(sweep["runs"]):
-        if only is not None and row["name"] not in only:
-            continue
-        runs[row["name"]] = _run(
-            base + list(row["overrides"]),
-            label=row["label"],
-            row=i + 1,
-            role="images",
-            paper_acc=row.get("paper_acc"),
-            paper_params_m=row.get("paper_params_m"),
-            paper_flops=row.get("paper_flops"),
-            reference=sweep["reference"],
-        )
-    return runs
-
-
-def _finished(reg: pd.DataFrame | None) -> pd.DataFrame:
-    if reg is None or reg.empty or "status" not in reg:
-        return pd.DataFrame(columns=["config", "seed", "test_accuracy"])
-    df = reg[reg["status"] == "finished"].copy()
-    for col in ("test_accuracy", "val_accuracy", "forward_flops_per_image", "non_embedding_params", "params"):
-        if col in df:
-            df[col] = pd.to_numeric(df[col], errors="coerce")
-    return df
-
-
 def mttt_table(reg: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """One row per configuration, in the sweep's order: test accuracy (mean +- sd over seeds, in %), the
     paper's, parameters (M, and relative to the reference row) and forward FLOPs per image relative to it."""
-    from .stats import mean_sd
-
-    df = _finished(reg)
+    df = finished_runs(reg)
     order = list(dict.fromkeys(reg["config"])) if reg is not None and "config" in reg else []
     rows = []
     ref_name = (
@@ -112,6 +89,7 @@ def mttt_table(reg: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return table, "\n".join(lines) + "\n"
 
 
+
 def run_inner_losses(r) -> pd.DataFrame | None:
     """A finished run's validation inner losses (layer, step, inner_loss) with its config and seed, from its
     inner_losses.csv; None when its folder is not on this machine."""
@@ -131,15 +109,70 @@ def inner_loss_table(per_run: pd.DataFrame | None) -> pd.DataFrame:
     )
 
 
-# ---- claims (added to experiments/claims.py's CLAIMS) ----
+def image_floors(overrides: list[str]) -> dict[str, float]:
+    """Test accuracy (%) of the baselines a reviewer asks for, on a run's own data, resolution and split: the
+    training split's majority class, and a linear classifier on the pixels the models see (ridge regression
+    onto one-hot labels in closed form, its penalty chosen on the validation split)."""
+    dm = instantiate(composed(overrides).data)
+    dm.prepare_data()
+
+    def xy(ds):
+        x = torch.cat([b["tokens"].flatten(1) for b in ds.batches(4096)]).double()
+        return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1), ds.labels
+
+    splits = (dm.train_dataset(), dm.val_dataset(), dm.test_dataset())
+    (xtr, ytr), (xva, yva), (xte, yte) = (xy(d) for d in splits)
+    gram, target = xtr.T @ xtr, xtr.T @ torch.nn.functional.one_hot(ytr, dm.num_classes).double()
+    solve = lambda lam: torch.linalg.solve(gram + lam * torch.eye(len(gram), dtype=gram.dtype), target)
+    accuracy = lambda w, x, y: 100 * ((x @ w).argmax(1) == y).double().mean().item()
+    best = max((10.0**k for k in range(-2, 5)), key=lambda lam: accuracy(solve(lam), xva, yva))
+    return {"majority class": 100 * (yte == ytr.mode().values).double().mean().item(),
+            LINEAR_FLOOR: accuracy(solve(best), xte, yte)}
 
 
-def _accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
-    def judge(r):
-        from .claims import INCONCLUSIVE, MISSING, Verdict, compare
+def floors_text(floors: dict[str, float], table: pd.DataFrame) -> str:
+    """The floors under a table, and the rows that do not beat the linear one (under-trained)."""
+    linear = floors[LINEAR_FLOOR]
+    below = [r.label for r in table.itertuples() if not r.test_acc > linear]
+    text = "Floors on the same images and split: " + ", ".join(f"{k} {v:.1f}%" for k, v in floors.items())
+    return text + (f". **Under-trained** (not above the linear floor): {', '.join(below)}.\n" if below else
+                   ". Every row is above the linear floor.\n")
 
-        reg = (r.mttt or {}).get(sweep) if isinstance(r.mttt, dict) else None
-        df = _finished(reg)
+
+def inner_steps_figure(inner: pd.DataFrame, titles: dict | None = None, min_steps: int = 2):
+    """Figures 1 right/3/4: mean inner loss against the inner step, one panel per TTT configuration with at
+    least `min_steps` inner steps (titled from `titles`: config -> text), one line per layer; None when there
+    is nothing to draw."""
+    configs = [c for c, g in inner.groupby("config") if g["step"].max() >= min_steps]
+    if not configs:
+        return None
+    fig, axes = P.plt.subplots(1, len(configs), figsize=(4 * len(configs), 3), squeeze=False)
+    for ax, config in zip(axes[0], configs, strict=True):
+        for layer, g in inner[inner["config"] == config].groupby("layer"):
+            ax.plot(g["step"], g["inner_loss"], marker="o", label=f"layer {layer + 1}")
+        ax.set_title((titles or {}).get(config, config), fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("t (loss at W_t; last: l(W_T; X))")
+        ax.set_ylabel("inner loss")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+# ---- claims ----
+
+
+def linear_floor(r, sweep: str) -> float | None:
+    """The linear classifier's test accuracy (%) on a sweep's images (image_floors.csv), if measured."""
+    floors = r.csv(sweep, "image_floors.csv")
+    if floors is None or floors.empty:
+        return None
+    return float(floors.set_index("floor")["test_acc"].get(LINEAR_FLOOR, np.nan))
+
+
+def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
+    def judge(r) -> Verdict:
+        df = finished_runs(r.csv(sweep))
         if df.empty:
             return Verdict(MISSING, f"no finished {sweep} runs")
         df["test_acc_pct"] = df["test_accuracy"] * 100  # in %, as the paper's
@@ -158,45 +191,38 @@ def _accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
     return judge
 
 
-def linear_floor(r, sweep: str) -> float | None:
-    """The linear classifier's test accuracy (%) on a sweep's images (image_floors.csv), if measured."""
-    floors = (r.mttt_floors or {}).get(sweep) if isinstance(r.mttt_floors, dict) else None
-    if floors is None or floors.empty:
-        return None
-    return float(floors.set_index("floor")["test_acc"].get("linear classifier on the pixels", np.nan))
+def gap_larger_on_pixels(paper: dict[str, float]):
+    """MTTT-MLP's gain over linear attention is larger on pixels than on patches (per-seed gains); `paper`:
+    the paper's gain per sweep."""
+
+    def judge(r) -> Verdict:
+        gains = {}
+        for sweep in ("mttt_patches", "mttt_pixels"):
+            df = finished_runs(r.csv(sweep))
+            mlp = df[df["config"] == "mttt_mlp"].set_index("seed")["test_accuracy"]
+            la = df[df["config"] == "linear_attention"].set_index("seed")["test_accuracy"]
+            common = mlp.index.intersection(la.index)
+            if len(common) == 0:
+                return Verdict(MISSING, f"no finished MTTT-MLP and linear-attention pairs in {sweep}")
+            gains[sweep] = (mlp[common] - la[common]) * 100
+        d = difference(gains["mttt_pixels"], gains["mttt_patches"])
+        status = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE, None: INCONCLUSIVE}[d.sign()]
+        sentence = (
+            f"MTTT-MLP minus linear attention: pixels {gains['mttt_pixels'].mean():+.1f} vs patches "
+            f"{gains['mttt_patches'].mean():+.1f} points, difference {d.text()} (paper: "
+            f"{paper['mttt_pixels']:+.1f} vs {paper['mttt_patches']:+.1f})"
+        )
+        return Verdict(status, sentence, {k: v.tolist() for k, v in gains.items()})
+
+    return judge
 
 
-def _gap_larger_on_pixels(r):
-    """MTTT-MLP's gain over linear attention is larger on pixels than on patches (per-seed gains)."""
-    from .claims import FAILS, HOLDS, INCONCLUSIVE, MISSING, Verdict
-    from .stats import difference
-
-    gains = {}
-    for sweep in ("mttt_patches", "mttt_pixels"):
-        df = _finished((r.mttt or {}).get(sweep) if isinstance(r.mttt, dict) else None)
-        mlp = df[df["config"] == "mttt_mlp"].set_index("seed")["test_accuracy"]
-        la = df[df["config"] == "linear_attention"].set_index("seed")["test_accuracy"]
-        common = mlp.index.intersection(la.index)
-        if len(common) == 0:
-            return Verdict(MISSING, f"no finished MTTT-MLP and linear-attention pairs in {sweep}")
-        gains[sweep] = (mlp[common] - la[common]) * 100
-    d = difference(gains["mttt_pixels"], gains["mttt_patches"])
-    status = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE, None: INCONCLUSIVE}[d.sign()]
-    sentence = (
-        f"MTTT-MLP minus linear attention: pixels {gains['mttt_pixels'].mean():+.1f} vs patches "
-        f"{gains['mttt_patches'].mean():+.1f} points, difference {d.text()} (paper: +8.2 vs +1.4)"
-    )
-    return Verdict(status, sentence, {k: v.tolist() for k, v in gains.items()})
-
-
-def _inner_loss_falls(r):
+def inner_loss_falls(r) -> Verdict:
     """Every layer's mean inner loss falls at every step of MTTT-MLP T = 4 (patches) and SGD T = 4
     (pixels)."""
-    from .claims import FAILS, HOLDS, MISSING, Verdict
-
     checked, bad = [], []
     for sweep, config in (("mttt_patches", "mttt_mlp_t4"), ("mttt_pixels", "mttt_mlp_sgd4")):
-        inner = (r.mttt_inner or {}).get(sweep) if isinstance(r.mttt_inner, dict) else None
+        inner = r.csv(sweep, "inner_loss.csv")
         if inner is None or inner.empty:
             continue
         df = inner[inner["config"] == config]
@@ -212,98 +238,78 @@ def _inner_loss_falls(r):
     return Verdict(HOLDS, f"falls at every step in all {len(checked)} layers checked (validation images)")
 
 
-def mttt_claims(Claim) -> list:
-    P, X, A = "mttt_patches", "mttt_pixels", "mttt_ablation"
-    return [
-        Claim(
-            "mttt.linear_equivalence",
-            "MTTT Table 1",
-            "MTTT-Linear matches linear attention with the "
-            "identity map (the same function; tests/test_mttt.py checks it exactly).",
-            _accuracy_claim(P, "mttt_linear", "linear_attention_identity", "=", " (paper: 72.8 vs 73.0)"),
-        ),
-        Claim(
-            "mttt.mlp_beats_linear_attention",
-            "MTTT Table 1",
-            "MTTT-MLP outperforms linear attention (patches).",
-            _accuracy_claim(P, "mttt_mlp", "linear_attention", ">", " (paper: 74.6 vs 73.2)"),
-        ),
-        Claim(
-            "mttt.self_attention_best",
-            "MTTT Table 1",
-            "Self-attention performs best on patches (it beats MTTT-MLP).",
-            _accuracy_claim(P, "self_attention", "mttt_mlp", ">", " (paper: 76.5 vs 74.6)"),
-        ),
-        Claim(
-            "mttt.more_steps",
-            "MTTT Figure 1",
-            "More inner steps help: MTTT-MLP with T = 4 beats T = 1.",
-            _accuracy_claim(P, "mttt_mlp_t4", "mttt_mlp", ">"),
-        ),
-        Claim(
-            "mttt.inner_loss_falls",
-            "MTTT Figures 3/4",
-            "The inner loss falls at every inner step, in "
-            "every layer (full-batch GD on patches, SGD on pixels).",
-            _inner_loss_falls,
-        ),
-        Claim(
-            "mttt.pixels_mlp_beats_linear",
-            "MTTT Table 3",
-            "On pixels MTTT-MLP outperforms linear attention.",
-            _accuracy_claim(X, "mttt_mlp", "linear_attention", ">", " (paper: 61.9 vs 53.7)"),
-        ),
-        Claim(
-            "mttt.pixels_sgd",
-            "MTTT Table 3",
-            "On pixels, T = 4 steps of inner SGD beat one full-batch step at the same FLOPs.",
-            _accuracy_claim(X, "mttt_mlp_sgd4", "mttt_mlp", ">", " (paper: 65.2 vs 61.9)"),
-        ),
-        Claim(
-            "mttt.pixels_gap",
-            "MTTT Table 3",
-            "MTTT-MLP's gain over linear attention is larger on pixels than on patches.",
-            _gap_larger_on_pixels,
-        ),
-        Claim(
-            "mttt.ablation_ln",
-            "MTTT Table 2",
-            "Decoder LN is important: MTTT-MLP without it is worse.",
-            _accuracy_claim(A, "full", "no_ln", ">"),
-        ),
-        Claim(
-            "mttt.ablation_w0",
-            "MTTT Table 2",
-            "Training W_0 is important: MTTT-MLP with W_0 frozen is worse.",
-            _accuracy_claim(A, "full", "no_w0", ">"),
-        ),
-    ]
+# ---- the experiments ----
 
 
-def estimate_image(cfg, cpu_train_flops: float) -> dict:
-    """A planned image run's images ("tokens" of the plan), training FLOPs (counted on one image of the
-    composed model, forward and backward) and minutes at `cpu_train_flops`."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
+class MTTTTable(Experiment):
+    """One MTTT table: `claims_of(experiment)` states its claims (comparisons of its rows, by config name)."""
 
-    from ..vision.flops import count_flops
+    paper = "MTTT"
 
-    p = int(cfg.data.patch_size)
-    model = instantiate(
-        OmegaConf.to_container(cfg.model, resolve=True),
-        num_classes=int(cfg.data.get("num_classes", 10)),
-        token_dim=p * p,
-        num_tokens=int(cfg.data.seq_len),
-    )
-    images = float(cfg.recipe.total_images)
-    flops = count_flops(model, p * p, int(cfg.data.seq_len), backward=True) * images
-    return {"tokens": images, "train_flops": flops, "minutes": flops / cpu_train_flops / 60}
+    def __init__(self, name: str, section: Section, comparisons: list[tuple], extra_claims=()):
+        self.name, self.section = name, section
+        self.comparisons, self.extra_claims = comparisons, list(extra_claims)
+
+    def paper_acc(self, config: str) -> float | None:
+        return next((r.get("paper_acc") for r in self.sweep["runs"] if r["name"] == config), None)
+
+    def configurations(self, profile: str, data_dir: str | None) -> list[Run]:
+        settings = self.sweep["profiles"][profile]
+        base = ["task=image", *image_data_overrides(data_dir), *settings["overrides"]]
+        # a profile may run a subset of the rows (smoke: the pipeline, not the table)
+        only = settings.get("rows")
+        return [configuration(row["name"], base + list(row["overrides"]), row["label"], row=i + 1,
+                              role="images", paper_acc=row.get("paper_acc"),
+                              paper_params_m=row.get("paper_params_m"), paper_flops=row.get("paper_flops"),
+                              reference=self.sweep["reference"])
+                for i, row in enumerate(self.sweep["runs"]) if only is None or row["name"] in only]
+
+    def measure(self, step, trained, ctx) -> None:
+        """The accuracy floors on the runs' own images, and each run's inner losses."""
+        reg = trained.registry
+        floors = image_floors(shlex.split(reg["overrides"].iloc[0]))
+        step.csv("image_floors.csv", pd.DataFrame([{"floor": k, "test_acc": v} for k, v in floors.items()]))
+        step.per_run("inner_losses_per_run.csv", finished_runs(reg), run_inner_losses)
+
+    def tabulate(self, folder: Path) -> None:
+        reg = read_csv(folder, "registry.csv")
+        if reg is None:
+            return
+        table, md = mttt_table(reg)
+        floors = read_csv(folder, "image_floors.csv")
+        if floors is not None:
+            md += "\n" + floors_text(dict(zip(floors["floor"], floors["test_acc"], strict=True)), table)
+        write_atomic(folder / f"{self.name}_table.csv", table.to_csv(index=False))
+        write_atomic(folder / f"{self.name}.md", md)
+        inner = inner_loss_table(read_csv(folder, "inner_losses_per_run.csv"))
+        write_atomic(folder / "inner_loss.csv", inner.to_csv(index=False))
+        runs = finished_runs(reg).drop_duplicates("config").set_index("config")
+        titles = {c: f"{r.label}\n{r.data}, {r.num_tokens} tokens of {r.patch_size}x{r.patch_size} pixels "
+                  f"({r.image_size}x{r.image_size} images)" for c, r in runs.iterrows()}
+        fig = inner_steps_figure(inner, titles)
+        if fig is not None:
+            fig.savefig(folder / "inner_loss.png", dpi=120)
+            P.plt.close(fig)
+
+    @property
+    def claims(self) -> list[Claim]:
+        out = []
+        for claim_id, figure, sentence, a, b, expect in self.comparisons:
+            pa, pb = self.paper_acc(a), self.paper_acc(b)
+            paper = "" if pa is None or pb is None else f" (paper: {pa:.1f} vs {pb:.1f})"
+            out.append(Claim(claim_id, figure, sentence, accuracy_claim(self.name, a, b, expect, paper)))
+        return out + [c(self) if callable(c) and not isinstance(c, Claim) else c for c in self.extra_claims]
 
 
-# ---- the reproduce steps (reproduce.py: one step per table) ----
+def _gap_claim(pixels: MTTTTable) -> Claim:
+    paper = {e.name: e.paper_acc("mttt_mlp") - e.paper_acc("linear_attention") for e in (PATCHES, pixels)}
+    return Claim("mttt.pixels_gap", "MTTT Table 3", "MTTT-MLP's gain over linear attention is larger on "
+                 "pixels than on patches.", gap_larger_on_pixels(paper))
 
-MTTT_SECTIONS = {  # step -> (title, what the paper found, files of the step folder, claim sections)
-    "mttt_patches": (
+
+PATCHES = MTTTTable(
+    "mttt_patches",
+    Section(
         "MTTT Table 1 and Figures 1/3: image classification from patches",
         "ImageNet, 16x16 patches (n = 196), ViT-Small: MTTT-Linear matches linear attention with the "
         "identity "
@@ -313,7 +319,23 @@ MTTT_SECTIONS = {  # step -> (title, what the paper found, files of the step fol
         ["mttt_patches.md", "inner_loss.png"],
         ["MTTT Table 1", "MTTT Figure 1", "MTTT Figures 3/4"],
     ),
-    "mttt_pixels": (
+    [
+        ("mttt.linear_equivalence", "MTTT Table 1", "MTTT-Linear matches linear attention with the identity "
+         "map (the same function; tests/test_mttt.py checks it exactly).", "mttt_linear",
+         "linear_attention_identity", "="),
+        ("mttt.mlp_beats_linear_attention", "MTTT Table 1",
+         "MTTT-MLP outperforms linear attention (patches).", "mttt_mlp", "linear_attention", ">"),
+        ("mttt.self_attention_best", "MTTT Table 1", "Self-attention performs best on patches (it beats "
+         "MTTT-MLP).", "self_attention", "mttt_mlp", ">"),
+        ("mttt.more_steps", "MTTT Figure 1", "More inner steps help: MTTT-MLP with T = 4 beats T = 1.",
+         "mttt_mlp_t4", "mttt_mlp", ">"),
+    ],
+    [Claim("mttt.inner_loss_falls", "MTTT Figures 3/4", "The inner loss falls at every inner step, in every "
+           "layer (full-batch GD on patches, SGD on pixels).", inner_loss_falls)],
+)
+PIXELS = MTTTTable(
+    "mttt_pixels",
+    Section(
         "MTTT Table 3 and Figure 4: image classification from raw pixels",
         "ImageNet from 224x224 pixels (n = 50,176), ViT-Tiny: MTTT-MLP 61.9 vs linear attention 53.7 "
         "(identity map 49.9, MTTT-Linear 50.0), and T = 4 steps of inner SGD 65.2 at the same FLOPs; "
@@ -321,107 +343,27 @@ MTTT_SECTIONS = {  # step -> (title, what the paper found, files of the step fol
         ["mttt_pixels.md", "inner_loss.png"],
         ["MTTT Table 3"],
     ),
-    "mttt_ablation": (
+    [
+        ("mttt.pixels_mlp_beats_linear", "MTTT Table 3", "On pixels MTTT-MLP outperforms linear attention.",
+         "mttt_mlp", "linear_attention", ">"),
+        ("mttt.pixels_sgd", "MTTT Table 3", "On pixels, T = 4 steps of inner SGD beat one full-batch step at "
+         "the same FLOPs.", "mttt_mlp_sgd4", "mttt_mlp", ">"),
+    ],
+    [_gap_claim],
+)
+ABLATION = MTTTTable(
+    "mttt_ablation",
+    Section(
         "MTTT Table 2: Decoder LN and trained W_0",
         "Both Decoder LN and training W_0 in the outer loop prove important for MTTT-MLP (ImageNet patches; "
         "the table's values are not in the text we have).",
         ["mttt_ablation.md"],
         ["MTTT Table 2"],
     ),
-}
-
-
-def inner_loss_figure(inner: pd.DataFrame, titles: dict | None = None, min_steps: int = 2):
-    """Figures 1 right/3/4: mean inner loss against the inner step, one panel per TTT configuration with at
-    least `min_steps` inner steps (titled from `titles`: config -> text), one line per layer; None when there
-    is nothing to draw."""
-    configs = [c for c, g in inner.groupby("config") if g["step"].max() >= min_steps]
-    if not configs:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, axes = plt.subplots(1, len(configs), figsize=(4 * len(configs), 3), squeeze=False)
-    for ax, config in zip(axes[0], configs, strict=True):
-        for layer, g in inner[inner["config"] == config].groupby("layer"):
-            ax.plot(g["step"], g["inner_loss"], marker="o", label=f"layer {layer + 1}")
-        ax.set_title((titles or {}).get(config, config), fontsize=9)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("t (loss at W_t; last: l(W_T; X))")
-        ax.set_ylabel("inner loss")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def plot_inner_loss(inner: pd.DataFrame, path: Path, titles: dict | None = None) -> bool:
-    """The step's inner-loss PNG (configurations with T > 1); False when there is nothing to draw."""
-    fig = inner_loss_figure(inner, titles)
-    if fig is None:
-        return False
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def image_floors(overrides: list[str]) -> dict[str, float]:
-    """Test accuracy (%) of the baselines a reviewer asks for, on a run's own data, resolution and split: the
-    training split's majority class, and a linear classifier on the pixels the models see (ridge regression
-    onto one-hot labels in closed form, its penalty chosen on the validation split)."""
-    import torch
-    from hydra.utils import instantiate
-
-    from ..config import compose
-
-    dm = instantiate(compose("train", overrides).data)
-    dm.prepare_data()
-
-    def xy(ds):
-        x = torch.cat([b["tokens"].flatten(1) for b in ds.batches(4096)]).double()
-        return torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], 1), ds.labels
-
-    splits = (dm.train_dataset(), dm.val_dataset(), dm.test_dataset())
-    (xtr, ytr), (xva, yva), (xte, yte) = (xy(d) for d in splits)
-    gram, target = xtr.T @ xtr, xtr.T @ torch.nn.functional.one_hot(ytr, dm.num_classes).double()
-    solve = lambda lam: torch.linalg.solve(gram + lam * torch.eye(len(gram), dtype=gram.dtype), target)
-    accuracy = lambda w, x, y: 100 * ((x @ w).argmax(1) == y).double().mean().item()
-    best = max((10.0**k for k in range(-2, 5)), key=lambda lam: accuracy(solve(lam), xva, yva))
-    return {"majority class": 100 * (yte == ytr.mode().values).double().mean().item(),
-            "linear classifier on the pixels": accuracy(solve(best), xte, yte)}
-
-
-def floors_text(floors: dict[str, float], table: pd.DataFrame) -> str:
-    """The floors under a table, and the rows that do not beat the linear one (under-trained)."""
-    linear = floors["linear classifier on the pixels"]
-    below = [r.label for r in table.itertuples() if not r.test_acc > linear]
-    text = "Floors on the same images and split: " + ", ".join(f"{k} {v:.1f}%" for k, v in floors.items())
-    return text + (f". **Under-trained** (not above the linear floor): {', '.join(below)}.\n" if below else
-                   ". Every row is above the linear floor.\n")
-
-
-def step_mttt(name: str, ctx: dict, sweep_step) -> None:
-    """One MTTT table as a reproduce step: the sweep, its table beside the paper's and the accuracy floors,
-    the inner losses."""
-    import shlex
-
-    from ..io import write_atomic
-
-    step, reg = sweep_step(name, ctx)
-    table, md = mttt_table(reg)
-    floors = image_floors(shlex.split(reg["overrides"].iloc[0]))
-    step.csv("image_floors.csv", pd.DataFrame([{"floor": k, "test_acc": v} for k, v in floors.items()]))
-    md += "\n" + floors_text(floors, table)
-    step.csv(f"{name}_table.csv", table)
-    write_atomic(step.dir / f"{name}.md", md)
-    inner = inner_loss_table(step.per_run("inner_losses_per_run.csv", _finished(reg), run_inner_losses))
-    step.csv("inner_loss.csv", inner)
-    runs = _finished(reg).drop_duplicates("config").set_index("config")
-    titles = {c: f"{r.label}\n{r.data}, {r.num_tokens} tokens of {r.patch_size}x{r.patch_size} pixels "
-              f"({r.image_size}x{r.image_size} images)" for c, r in runs.iterrows()}
-    plot_inner_loss(inner, step.dir / "inner_loss.png", titles)
-    step.done(reg)
+    [
+        ("mttt.ablation_ln", "MTTT Table 2", "Decoder LN is important: MTTT-MLP without it is worse.", "full",
+         "no_ln", ">"),
+        ("mttt.ablation_w0", "MTTT Table 2", "Training W_0 is important: MTTT-MLP with W_0 frozen is worse.",
+         "full", "no_w0", ">"),
+    ],
+)

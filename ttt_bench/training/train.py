@@ -25,6 +25,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from ..config import task_name
 from ..errors import UserError
 from ..flops import train_flops
 from ..io import write_json
@@ -70,7 +71,7 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     """Sequences per optimizer step from the recipe's fixed tokens-per-batch, and the gradient
     accumulation needed to reach it with the data's micro-batch size."""
     seq_len, micro = cfg.data.seq_len, cfg.data.micro_batch_size
-    tokens = cfg.recipe.tokens_per_batch  # all >= 1 (check_config)
+    tokens = cfg.recipe.tokens_per_batch  # all >= 1 (check_lm_config)
     if tokens % seq_len:
         raise UserError(f"recipe.tokens_per_batch={tokens} is not a whole number of sequences of "
                         f"data.seq_len={seq_len} tokens; use a multiple, e.g. recipe.tokens_per_batch="
@@ -89,11 +90,10 @@ def batch_geometry(cfg: DictConfig, world_size: int) -> dict:
     }
 
 
-# Settings that must be positive integers / numbers (checked when present), with an example value each.
+# Settings that must be positive integers / numbers, with an example value each: both tasks', then each
+# task's own (a language model's checked when present; an image classifier's always)
 POSITIVE_INTS = {
-    "data.seq_len": 512,
     "data.micro_batch_size": 8,
-    "recipe.tokens_per_batch": 16384,
     "trainer.max_steps": 1000,
     "size.d_model": 768,
     "size.n_layers": 12,
@@ -102,12 +102,27 @@ POSITIVE_INTS = {
     "checkpoint_every_n_steps": 100,
     "eval_every_n_steps": 100,
 }
+LM_POSITIVE_INTS = {"data.seq_len": 512, "recipe.tokens_per_batch": 16384}
+IMAGE_POSITIVE_INTS = {"recipe.batch_size": 256}
 POSITIVE_NUMBERS = {"recipe.lr": 3e-3, "recipe.grad_clip": 1.0}
 
 
-def check_recipe_and_trainer(cfg: DictConfig) -> None:
-    """What both tasks share: the learning-rate schedule (warm-up then cosine to min_lr, module.py) and a
-    trainer this machine can run."""
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_shared(cfg: DictConfig, ints: dict, required: bool) -> None:
+    """What both tasks check before any data is prepared: positive integer and number settings (`ints`
+    beside the shared ones; `required`: missing ones are errors too), the learning-rate schedule (warm-up
+    then cosine to min_lr, module.py), a trainer this machine can run, and heads that divide the width."""
+    for key, example in {**POSITIVE_INTS, **ints, **POSITIVE_NUMBERS}.items():
+        value = OmegaConf.select(cfg, key)
+        if value is None and not required:
+            continue
+        integer = key not in POSITIVE_NUMBERS
+        if not _number(value) or (integer and not isinstance(value, int)) or value <= 0:
+            kind = "a positive integer" if integer else "a positive number"
+            raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
                         "has none; use trainer=cpu (the default)")
@@ -117,26 +132,16 @@ def check_recipe_and_trainer(cfg: DictConfig) -> None:
     if not (_number(warmup) and 0 <= warmup < 1):
         raise UserError(f"recipe.warmup_fraction={warmup!r} must be a fraction of the steps in [0, 1), "
                         "e.g. 0.1")
-
-
-def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Wrong types, sizes and combinations, caught before any data is prepared."""
-    for key, example in {**POSITIVE_INTS, **POSITIVE_NUMBERS}.items():
-        value = OmegaConf.select(cfg, key)
-        number = int if key in POSITIVE_INTS else (int, float)
-        if value is not None and (not _number(value) or not isinstance(value, number) or value <= 0):
-            kind = "a positive integer" if key in POSITIVE_INTS else "a positive number"
-            raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
-    check_recipe_and_trainer(cfg)
     if cfg.size.d_model % cfg.size.n_heads:
         raise UserError(
             f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
             "pick a number of heads that divides the width"
         )
+
+
+def check_lm_config(cfg: DictConfig) -> None:
+    """A language model's settings: the shared checks, its context against the model's, its mini-batch."""
+    check_shared(cfg, LM_POSITIVE_INTS, required=False)
     seq_len, max_len = cfg.data.seq_len, cfg.model.get("max_seq_len")
     if max_len is not None and seq_len > max_len:
         raise UserError(
@@ -151,30 +156,10 @@ def check_config(cfg: DictConfig) -> None:
         )
 
 
-def task_name(cfg: DictConfig) -> str:
-    """`lm` (language modelling, the default) or `image` (classification, MTTT): the `task` config group."""
-    name = OmegaConf.select(cfg, "task.name") or "lm"
-    if name not in ("lm", "image"):
-        raise UserError(f"task={name} is not a task; use task=lm or task=image")
-    return name
-
-
 def check_image_config(cfg: DictConfig) -> None:
-    """The image task's settings, before any data is read."""
-    for key in ("data.micro_batch_size", "recipe.batch_size", "trainer.max_steps", "size.d_model",
-                "size.n_layers", "size.n_heads", "size.mlp_hidden", "checkpoint_every_n_steps",
-                "eval_every_n_steps"):
-        value = OmegaConf.select(cfg, key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise UserError(f"{key}={value!r} must be a positive integer")
-    for key in ("recipe.lr", "recipe.grad_clip"):
-        value = OmegaConf.select(cfg, key)
-        if not _number(value) or value <= 0:
-            raise UserError(f"{key}={value!r} must be a positive number")
-    check_recipe_and_trainer(cfg)
-    if cfg.size.d_model % cfg.size.n_heads:
-        raise UserError(f"size.n_heads={cfg.size.n_heads} does not divide size.d_model={cfg.size.d_model}; "
-                        "pick a number of heads that divides the width")
+    """An image classifier's settings: the shared checks, image data and an image model, inner SGD's
+    mini-batches."""
+    check_shared(cfg, IMAGE_POSITIVE_INTS, required=True)
     if "_target_" not in cfg.data or "ImageDataModule" not in str(cfg.data._target_):
         raise UserError(f"task=image needs image data, got data={cfg.data.get('name')}; use "
                         "data=fashion_mnist or data=synthetic_images")
@@ -326,7 +311,7 @@ def train_lm(cfg: DictConfig, run_dir: Path) -> dict:
     for group in ("model", "data"):
         if any(t in str(cfg[group].get("_target_", "")) for t in ("ViTClassifier", "ImageDataModule")):
             raise UserError(f"{group}={cfg[group].get('name')} is for image classification; add task=image")
-    check_config(cfg)
+    check_lm_config(cfg)
     geo = batch_geometry(cfg, world_size(cfg))
     run = fit(cfg, run_dir, geo, lambda dm: build_module(cfg, dm))
     dm, module = run["dm"], run["module"]

@@ -25,7 +25,8 @@ from torch import nn
 from ... import kernels
 from ..fusion import fuse
 from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freqs
-from . import dual_scan, forms, learner
+from . import dual_scan, forms, kernel_check, learner
+from .triton_decode import ttt_linear_decode
 
 LEARNERS = ("linear", "mlp", "kernel")
 
@@ -78,8 +79,8 @@ class TTTLayer(nn.Module):
             or token_scaling not in ("none", "fixed", "learnable")
         ):
             raise ValueError(f"unknown learner={learner!r}, form={form!r} or token_scaling={token_scaling!r}")
-        if kernel not in kernels.BACKENDS:
-            raise ValueError(f"kernel must be one of {kernels.BACKENDS}, got {kernel!r}")
+        if kernel not in kernel_check.BACKENDS:
+            raise ValueError(f"kernel must be one of {kernel_check.BACKENDS}, got {kernel!r}")
         if mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be positive, got {mini_batch_size}")
         self.layer_idx = 0  # set by the block; names the layer in diagnostics
@@ -187,7 +188,17 @@ class TTTLayer(nn.Module):
 
     def _triton(self, x: torch.Tensor) -> bool:
         """Whether TTT-Linear runs the Triton kernels here (CUDA by default; docs/speed.md)."""
-        return self.learner == "linear" and kernels.use_triton(x, self.kernel)
+        return self.learner == "linear" and kernel_check.use_triton(x, self.kernel)
+
+    @staticmethod
+    def _kernel_takes(what: str, x: torch.Tensor, bias, ln) -> bool:
+        """Whether the Triton kernel `what` (dual or decode) takes these inputs; logs once per shape which
+        path it takes and why (head size 96, the 760m size, is outside the kernels: PyTorch)."""
+        why_not = kernels.dual_why_not if what == "dual" else kernels.decode_why_not
+        reason = why_not(x, bias, ln and ln[0])
+        shape = f"head size {x.shape[-1]}" + (f", mini-batch {x.shape[-2]}" if what == "dual" else "")
+        kernel_check.log_path_once(what, shape, reason)
+        return not reason
 
     def _continue(self, params, sums, xq, xk, xv, lr, start: int):
         """Tokens of one mini-batch from its position `start`, carrying gradient sums (primal form)."""
@@ -196,8 +207,8 @@ class TTTLayer(nn.Module):
         if sums is None:
             sums = tuple(None if p is None else torch.zeros_like(p) for p in params)
         ln = self.ln()
-        if c == 1 and self._triton(xq) and kernels.decode_supported(xq, params[1], ln and ln[0]):
-            z, *sums = kernels.ttt_linear_decode(xq, xk, xv, lr[..., 0], te[0], *params, *sums, *ln)
+        if c == 1 and self._triton(xq) and self._kernel_takes("decode", xq, params[1], ln):
+            z, *sums = ttt_linear_decode(xq, xk, xv, lr[..., 0], te[0], *params, *sums, *ln)
         else:
             z, sums = forms.primal_step(
                 params, xq, xk, xv, self.eta(te, lr), ln, pending=(sums, te[:, None], lr[..., None, :])
@@ -227,9 +238,10 @@ class TTTLayer(nn.Module):
             split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
             eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
             XQ, XK, XV = split(xq), split(xk), split(xv)
-            triton = self._triton(XQ) and kernels.dual_supported(XQ, params[1], ln and ln[0])
-            if self.form == "dual" and triton:
-                Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln)
+            if self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, params[1], ln):
+                # matmuls in tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: kernel_check.PRECISION says why
+                Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln,
+                                                     precision=kernel_check.precision())
             elif self.form == "dual":  # the fast dual scans (dual_scan.py)
                 args = (XQ, XK, XV, eta, *params, *(ln or (None, None)))
                 if self.learner == "linear":

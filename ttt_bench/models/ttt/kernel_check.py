@@ -1,11 +1,15 @@
-"""The Triton kernels of TTT-Linear are used by default (`kernel: auto`) only on a device where they have been
-checked: once per (GPU name, torch version, Triton version), the dual-form kernel and the decode kernel run
-on small random inputs and their outputs and the gradients of every input are compared with the PyTorch
-implementations they replace (dual_scan.ttt_linear_dual, the decode kernel's PyTorch reference). The verdict
-is kept in a small JSON file under the user cache dir (`cache_path`), so later processes do not check again.
-A mismatch or a kernel that does not compile sends TTT-Linear to the PyTorch dual form, with one warning per
-process that says why and where the verdict is kept (delete the file to check again). `kernel: triton` forces
-the kernels without this check; `kernel: torch` or TTT_BENCH_KERNELS=torch never uses them.
+"""Which path TTT-Linear takes: the Triton kernels (kernels/, installed as ttt_bench.kernels) or PyTorch.
+
+`use_triton(x, backend)` is the selection. With `kernel: auto` the kernels are used only on a CUDA device
+where they have been checked: once per (GPU name, torch version, Triton version), the dual-form kernel and the
+decode kernel run on small random inputs and their outputs and the gradients of every input are compared with
+the PyTorch implementations they replace (dual_scan.ttt_linear_dual, triton_decode.decode_reference). The
+verdict is kept in a small JSON file under the user cache dir (`cache_path`), so later processes do not check
+again. A mismatch or a kernel that does not compile sends TTT-Linear to the PyTorch dual form, with one
+warning per process that says why and where the verdict is kept (delete the file to check again).
+`kernel: triton` forces the kernels without this check; `kernel: torch` or TTT_BENCH_KERNELS=torch never uses
+them. `precision()` is the matmul precision the layer runs the dual-form kernel in (tf32 by default, see
+PRECISION); the check compares it in both precisions. `log_path_once` says once which path a shape takes.
 """
 
 import json
@@ -17,11 +21,57 @@ from pathlib import Path
 
 import torch
 
+from ... import kernels
+from ...io import write_json
+from . import dual_scan
+from .triton_decode import decode_reference, ttt_linear_decode
+
 log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "torch", "triton")
 
 # largest |kernel - PyTorch| over the largest |PyTorch| entry, per tensor: float32 with sums of ~100 terms
 TOLERANCE = 1e-4
+# the same for the tf32 kernel: every matmul input rounded to 10 mantissa bits. Emulated in the interpreter
+# (tests/test_kernels.py) the error is <= 1.3e-3 at f = 16 and 64; a broken kernel is off by O(1), and the
+# ieee comparison at TOLERANCE still catches small errors of the kernels' own arithmetic
+TF32_TOLERANCE = 1e-2
+
+# The precision of the dual-form kernel's matmuls when the layer runs it: "tf32" (tensor cores), not "ieee".
+# Exact float32 tl.dot is lowered to FMAs that hold whole rows and columns of the operands in every thread:
+# at the paper sizes' head size 64 the ieee backward spills 5.5 KB of registers per thread to local memory
+# on sm_80 and sm_90 (with 16 warps; 16 KB with 4), the forward 16 bytes on sm_90, while tf32 keeps forward
+# and backward in registers on both (tests/test_kernels_aot.py; the table in docs/speed.md). The cost: the
+# inner loop's matmul inputs are rounded to 10 mantissa bits (~1e-3 relative error, TF32_TOLERANCE), which
+# the PyTorch path does not do. TTT_BENCH_KERNEL_PRECISION=ieee runs exact matmuls, spills and all.
+PRECISION = "tf32"
 _verdicts: dict[str, dict] = {}  # this process's verdicts, by key
+
+
+def precision() -> str:
+    """The dual-form kernel's matmul precision for the layer: TTT_BENCH_KERNEL_PRECISION, else PRECISION."""
+    chosen = os.environ.get("TTT_BENCH_KERNEL_PRECISION") or PRECISION
+    if chosen not in ("ieee", "tf32"):
+        raise ValueError(f"TTT_BENCH_KERNEL_PRECISION must be ieee or tf32, got {chosen!r}")
+    return chosen
+
+
+_logged: set = set()
+
+
+@torch.compiler.disable
+def log_path_once(what: str, shape: str, reason: str) -> None:
+    """Log once per process which path a kernel-eligible call takes: `reason` empty for the Triton kernel,
+    else why its inputs are outside the kernel's domain (e.g. head size 96, the 760m size: PyTorch)."""
+    if (what, shape, reason) in _logged:
+        return
+    _logged.add((what, shape, reason))
+    if reason:
+        log.warning("TTT-Linear %s at %s: PyTorch path, outside the Triton kernel's domain: %s", what, shape,
+                    reason)
+    else:
+        log.info("TTT-Linear %s at %s: Triton kernel%s", what, shape,
+                 f" ({precision()} matmuls)" if what == "dual" else "")
 
 
 def cache_path() -> Path:
@@ -66,9 +116,10 @@ def _flat(out) -> list[torch.Tensor]:
     return [t for o in out for t in _flat(o)]
 
 
-def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int) -> list[str]:
+def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int,
+             tolerance: float = TOLERANCE) -> list[str]:
     """Outputs of kernel(*inputs) and reference(*inputs), then the gradients of every input under the same
-    random cotangents: the names of the tensors further apart than TOLERANCE (with their error)."""
+    random cotangents: the names of the tensors further apart than `tolerance` (with their error)."""
     grads, outs = [], []
     g = torch.Generator().manual_seed(seed)
     cotangents = None
@@ -83,7 +134,7 @@ def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int
     for kind, (ours, ref) in (("output", outs), ("grad", grads)):
         for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
             err = _rel_err(a, b)
-            if not err <= TOLERANCE:  # NaN included
+            if not err <= tolerance:  # NaN included
                 bad.append(f"{name} {kind} {i}: {err:.1e}")
     return bad
 
@@ -91,15 +142,15 @@ def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int
 def compare_kernels(device: torch.device) -> dict:
     """Run the Triton kernels against PyTorch on `device`: {"ok", "detail"}; a kernel that fails to compile
     or run is a failed check with the error's first line."""
-    from ttt_bench.kernels.ttt_decode import reference as decode_reference
-    from ttt_bench.kernels.ttt_decode import ttt_linear_decode
-    from ttt_bench.kernels.ttt_linear import ttt_linear_dual
-    from ttt_bench.models.ttt import dual_scan
+    from ...kernels import ttt_linear  # needs triton; its kernel looked up at each check (tests replace it)
 
     try:
         with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
             dual = _inputs(device)
-            bad = _compare("dual", ttt_linear_dual, dual_scan.ttt_linear_dual, dual, seed=1)
+            bad = _compare("dual", ttt_linear.ttt_linear_dual, dual_scan.ttt_linear_dual, dual, seed=1)
+            tf32 = lambda *args: ttt_linear.ttt_linear_dual(*args, precision="tf32")
+            bad += _compare("dual/tf32", tf32, dual_scan.ttt_linear_dual, dual, seed=1,
+                            tolerance=TF32_TOLERANCE)
             # decode: one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a scalar
             XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
             tok = lambda t: t[:, :, 0, :1].contiguous()
@@ -109,7 +160,8 @@ def compare_kernels(device: torch.device) -> dict:
     except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed check)
         lines = str(e).strip().splitlines()
         return {"ok": False, "detail": f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]}
-    return {"ok": not bad, "detail": "; ".join(bad) if bad else f"outputs and gradients within {TOLERANCE:g}"}
+    return {"ok": not bad, "detail": "; ".join(bad) if bad else
+            f"outputs and gradients within {TOLERANCE:g} (tf32: {TF32_TOLERANCE:g})"}
 
 
 def _read_cache(path: Path) -> dict:
@@ -134,8 +186,6 @@ def verdict(device: torch.device) -> dict:
         found = {**compare_kernels(device), "checked": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "tolerance": TOLERANCE}
         try:
-            from ttt_bench.io import write_json
-
             write_json(path, {**_read_cache(path), k: found})
         except OSError as e:  # a read-only home: the verdict holds for this process only
             log.warning("could not record the kernel check in %s: %s", path, e)
@@ -151,3 +201,18 @@ def verdict(device: torch.device) -> dict:
 def triton_verified(device: torch.device) -> bool:
     """Whether `kernel: auto` may use the Triton kernels on `device` (see `verdict`)."""
     return verdict(device)["ok"]
+
+
+def use_triton(x: torch.Tensor, backend: str = "auto") -> bool:
+    """Whether to run the Triton kernel on x's device. backend: auto (CUDA only, unless
+    TTT_BENCH_KERNELS=torch, and only where the kernels passed their check against PyTorch on this GPU:
+    `triton_verified`), torch (never) or triton (always, unchecked; on CPU only under TRITON_INTERPRET=1)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"kernel backend must be one of {BACKENDS}, got {backend!r}")
+    if not kernels.HAS_TRITON or backend == "torch":
+        return False
+    if backend == "triton":
+        return True
+    if not x.is_cuda or os.environ.get("TTT_BENCH_KERNELS", "auto") == "torch":
+        return False
+    return triton_verified(x.device)

@@ -1,0 +1,134 @@
+"""The shape of an experiment: what its module provides to the engine.
+
+An experiment is one paper table or figure (or a question the papers raise): its sweep definition
+(conf/sweep/<name>.yaml), a planner from that definition to runs, the measurements it takes of trained
+runs, the tables and figures it draws from its step folder, its claims with the paper's numbers, and its
+section of REPORT.md. `make reproduce` runs each as a step into results/<profile>/<name>/:
+
+    plan -> train_stage (engine/runner.py) -> measure -> tabulate -> step.json
+    REPORT.md <- claims judged on every step folder (engine/report.py)
+
+Subclasses override `configurations` (and, for special needs, `stages`, `train`, `measure`); `tabulate`
+draws everything from the step folder's files alone, so `--report-only` redraws the committed results.
+"""
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .plan import Run, check_profile, expand, load_sweep
+from .report import Step, StepContext
+from .runner import Progress, Stage, Trained, train_stage
+from .verdicts import Claim
+
+log = logging.getLogger("ttt_bench.experiments")
+
+
+@dataclass
+class Section:
+    """An experiment's section of REPORT.md."""
+
+    title: str
+    paper: str  # what the paper found, in a sentence or two
+    files: list[str]  # tables (.md, inlined) and figures of the step folder, in the order shown
+    claim_figures: list[str] = field(default_factory=list)  # the claims' `figure` headings listed under it
+
+
+@dataclass
+class PlotCommand:
+    """A figure `ttt-bench plot NAME INPUT` draws: `draw(inputs, stem)` returns the written paths."""
+
+    help: str
+    draw: object  # (list[Path], Path) -> list[Path]
+
+
+class Experiment:
+    name: str = ""
+    section: Section | None = None  # None: no section of its own (e.g. the cross-experiment budgets row)
+    paper: str = "TTT"  # the paper it reproduces: TTT (2024) or MTTT (2023); the report orders by it
+    measures: str = "quality"  # quality | speed: the report puts speed after quality, per paper
+    trains: bool = True  # has a sweep of training runs (conf/sweep/<name>.yaml)
+    definition: dict | None = None  # the sweep definition, when not conf/sweep/<name>.yaml (tests)
+
+    # ---- the sweep ----
+
+    @functools.cached_property
+    def sweep(self) -> dict:
+        return self.definition if self.definition is not None else load_sweep(self.name, (self.name,))
+
+    def seeds(self, profile: str) -> int:
+        return int(self.sweep["profiles"][profile].get("seeds", 1))
+
+    def configurations(self, profile: str, data_dir: str | None, **options) -> list[Run]:
+        """The sweep's configurations (seed 0, before `expand`)."""
+        raise NotImplementedError
+
+    def plan(self, profile: str, data_dir: str | None = None, **options) -> dict[str, Run]:
+        """Every run of the sweep: each configuration once per seed. `options` go to the planner."""
+        check_profile(profile)
+        configs = self.configurations(profile, data_dir, **options)
+        return expand(configs, self.seeds(profile), self.sweep.get("data"), data_dir)
+
+    def stages(self, profile: str, data_dir: str | None) -> list[tuple[str, dict[str, Run]]]:
+        """(folder, runs) of every sweep folder the experiment trains, in order, as planned up front (the
+        pipeline's progress; an experiment whose later stage depends on an earlier one plans it with
+        placeholders)."""
+        return [(self.name, self.plan(profile, data_dir))]
+
+    def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
+              pipeline: Progress | None = None, committed: Path | None = None, train: bool = True) -> Trained:
+        """Train the sweep in `out` (skipping finished runs). `committed`: the step folder of an earlier
+        session, whose registry's finished runs count as done."""
+        stage = Stage(self.name, self.plan(profile, data_dir), committed and Path(committed) / "registry.csv")
+        return train_stage(self.name, profile, stage, out, launcher, pipeline, train)
+
+    # ---- the step ----
+
+    def run_step(self, ctx: StepContext) -> None:
+        """The experiment as a step of `make reproduce`: train its sweeps (restoring the committed runs),
+        keep their files, measure, tabulate, and record how."""
+        step = ctx.step(self)
+        trained = self.train(ctx.profile, ctx.runs / self.name, ctx.data_dir, ctx.launcher, ctx.progress,
+                             committed=step.dir, train=ctx.train)
+        step.csv("registry.csv", trained.registry)
+        for name, df in trained.files.items():
+            step.csv(name, df)
+        self.measure(step, trained, ctx)
+        self.tabulate(step.dir)
+        step.done(trained.registry, **trained.info)
+
+    def measure(self, step: Step, trained: Trained, ctx: StepContext) -> None:
+        """Measurements of the trained runs beyond their metrics, into the step folder (`step.per_run`)."""
+
+    def tabulate(self, folder: Path) -> None:
+        """The step's tables and figures, from the files of its folder alone."""
+
+    def summary(self, folder: Path) -> str | None:
+        """A line for the report under the step's files (None: none)."""
+        return None
+
+    # ---- the report ----
+
+    @property
+    def claims(self) -> list[Claim]:
+        return []
+
+    @property
+    def plots(self) -> dict[str, PlotCommand]:
+        return {}
+
+
+def read_csv(folder: Path, name: str) -> pd.DataFrame | None:
+    path = Path(folder) / name
+    return pd.read_csv(path) if path.is_file() else None
+
+
+def drawn(name: str, draw) -> None:
+    """Draw one figure of a step; a figure whose inputs are missing is a warning, not a failed step."""
+    try:
+        draw()
+    except (ValueError, KeyError) as e:
+        log.warning("figure %s not drawn: %s", name, e)

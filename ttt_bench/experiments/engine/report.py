@@ -1,0 +1,249 @@
+"""Step folders and the report assembled from them.
+
+Each experiment writes its own folder `<out>/<name>/` when its step finishes (registry with every seed,
+n-gram floors, measurements, tables, figures, and `step.json` with its command, hardware and wall time),
+so a long reproduction can be committed step by step. REPORT.md, claims.csv and the README's results block
+are then made from every step folder present: `Results` reads the folders, each experiment's claims judge
+them, and each experiment's section shows its files.
+"""
+
+import functools
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ...bench.common import hardware
+from ...io import write_atomic, write_json
+from .runner import Progress
+from .verdicts import judge_all
+
+log = logging.getLogger("ttt_bench.experiments")
+README_BLOCK = ("<!-- results:begin -->", "<!-- results:end -->")
+
+
+class Step:
+    """One experiment's step folder: what it measured and how (`step.json`), written when the step ends."""
+
+    def __init__(self, out: Path, name: str, command: str, trains: bool = True):
+        self.dir, self.name, self.command, self.start = Path(out) / name, name, command, time.perf_counter()
+        self.trains = trains  # False: tabulated (--no-train) from runs trained by other processes
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def csv(self, name: str, df: pd.DataFrame) -> None:
+        write_atomic(self.dir / name, df.to_csv(index=False))
+
+    def per_run(self, name: str, runs: pd.DataFrame, measure) -> pd.DataFrame | None:
+        """The step's CSV `name` of a measurement of each run (`measure(run)`: a DataFrame, or None when
+        the run's folder is not on this machine), with a `run` column. A run whose folder is gone (its
+        registry row restored from the committed results, on a new machine) keeps its committed rows."""
+        path = self.dir / name
+        committed = pd.read_csv(path) if path.is_file() else None
+        parts = []
+        for r in runs.itertuples():
+            df = measure(r)
+            if df is not None:
+                parts.append(df.assign(run=r.run))
+            elif committed is not None and "run" in committed:
+                parts.append(committed[committed["run"] == r.run])
+            else:
+                log.warning("%s: %s is not measured (its run folder is not here, nor in %s)", self.name,
+                            r.run, path)
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return None
+        df = pd.concat(parts, ignore_index=True)
+        self.csv(name, df)
+        return df
+
+    def restored_only(self, registry: pd.DataFrame) -> bool:
+        """Every finished run of the registry was restored from the committed results (a new machine that
+        trained nothing): what the step measured before still describes them."""
+        finished = registry[registry["status"] == "finished"]
+        return "restored_from" in finished and len(finished) > 0 and finished["restored_from"].notna().all()
+
+    def done(self, registry: pd.DataFrame | None = None, **info) -> None:
+        """Write step.json; a step that only restored its runs keeps the committed one (the command, hardware
+        and wall time of the session that trained them)."""
+        meta = self.dir / "step.json"
+        if registry is not None and meta.is_file() and self.restored_only(registry) and not info.get("error"):
+            log.info("%s: every run restored from the committed registry; step.json kept", self.name)
+            return
+        trained = (
+            float(pd.to_numeric(registry["wall_time_s"], errors="coerce").sum())
+            if (registry is not None and "wall_time_s" in registry)
+            else None
+        )
+        write_json(meta, {
+            "step": self.name,
+            "command": self.command,
+            "hardware": hardware(),
+            "wall_time_s": round(time.perf_counter() - self.start, 1),
+            "trained_s": trained,
+            "tabulated_only": not self.trains,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **info,
+        })
+
+
+@dataclass
+class StepContext:
+    """What every step of one `make reproduce` shares."""
+
+    profile: str
+    data_dir: str | None
+    out: Path  # results/<profile>: the step folders
+    runs: Path  # the run folders, one sweep folder per stage
+    train: bool  # False (--no-train): tabulate the runs finished so far
+    progress: Progress
+    launcher: list[str]  # Hydra launcher overrides (joblib with --jobs > 1)
+
+    @property
+    def flags(self) -> str:
+        return f" --profile {self.profile}" + (f" --data-dir {self.data_dir}" if self.data_dir else "")
+
+    def step(self, experiment) -> Step:
+        return Step(self.out, experiment.name, f"ttt-bench ablate {experiment.name}{self.flags}",
+                    trains=self.train)
+
+
+class Results:
+    """The step folders of one reproduction, as the claims read them: any step's CSV by name (read once), and
+    the n-gram floors of every step together. `frames`: tables given directly, by (step, file name)."""
+
+    def __init__(self, out: Path | None = None, steps: list[str] = (), frames: dict | None = None):
+        self.out, self.steps = out, list(steps)
+        self.frames: dict[tuple[str, str], pd.DataFrame | None] = dict(frames or {})
+
+    def csv(self, step: str, name: str = "registry.csv") -> pd.DataFrame | None:
+        if (step, name) not in self.frames:
+            path = None if self.out is None else Path(self.out) / step / name
+            self.frames[step, name] = pd.read_csv(path) if path is not None and path.is_file() else None
+        return self.frames[step, name]
+
+    @functools.cached_property
+    def floors(self) -> pd.DataFrame | None:
+        """Every step's byte n-gram floors (role, seq_len, floor, val_ppl), once per text and context (the
+        first step's, in the registry's order)."""
+        steps = self.steps + [s for s, n in self.frames if n == "floors.csv" and s not in self.steps]
+        parts = [f for s in steps if (f := self.csv(s, "floors.csv")) is not None and len(f)]
+        if not parts:
+            return None
+        return pd.concat(parts, ignore_index=True).drop_duplicates(["role", "seq_len", "floor"])
+
+
+def write_report(out: Path, experiments: list, profile: str, data_dir: str | None, make: str) -> Path:
+    """REPORT.md and claims.csv from the step folders in `out`: the verdicts of every experiment's claims,
+    then each experiment's section."""
+    results = Results(out, [e.name for e in experiments])
+    claims = [c for e in experiments for c in e.claims]
+    verdicts = judge_all(claims, results)
+    write_atomic(out / "claims.csv", verdicts.to_csv(index=False))
+    data = (
+        "real corpora (pile-mini as the Pile, books-mini as Books)"
+        if data_dir
+        else "the embedded synthetic corpus (it stands in for both the Pile and Books)"
+    )
+    parts = [
+        f"# ttt-bench results ({profile} profile)\n",
+        f"Produced by `{make}` on {data}. Perplexities are per byte (the paper's are per Llama token), so "
+        "only orderings and trends compare with the paper, not values. Every verdict below is computed by "
+        "`ttt_bench/experiments/claims.py` from the registries in this folder: a difference whose 95% "
+        "interval over seeds contains 0, or that uses a run that does not beat the byte-bigram floor, is "
+        "inconclusive. Each step's folder holds its registry (every seed), floors, tables and figures.\n",
+        "## Verdicts\n",
+        "| claim | verdict |",
+        "|---|---|",
+    ]
+    parts += [f"| {r.figure}: {r.claim} | **{r.verdict}** |" for r in verdicts.itertuples()]
+    parts.append("")
+    for e in reported(experiments):
+        parts += section(e, out, verdicts, make)
+    write_atomic(out / "REPORT.md", "\n".join(parts))
+    return out / "REPORT.md"
+
+
+def reported(experiments: list) -> list:
+    """The experiments with a report section, in report order: each paper's quality results, then its
+    speed (the registry's order within each)."""
+    papers = list(dict.fromkeys(e.paper for e in experiments))
+    keyed = [(papers.index(e.paper), e.measures == "speed", i, e) for i, e in enumerate(experiments)]
+    return [e for *_, e in sorted(keyed, key=lambda k: k[:3]) if e.section is not None]
+
+
+def section(e, out: Path, verdicts: pd.DataFrame, make: str) -> list[str]:
+    s, meta_path = e.section, out / e.name / "step.json"
+    parts = [f"## {s.title}\n\n**Paper.** {s.paper}\n"]
+    if not meta_path.is_file():
+        return parts + [f"**Not run yet in this profile.** `{make} STEPS={e.name}` runs it.\n"]
+    meta = json.loads(meta_path.read_text())
+    if meta.get("error"):
+        parts.append(f"**Failed:** {meta['error']}\n")
+    for f in s.files:
+        path = out / e.name / f
+        if path.suffix == ".md" and path.is_file():
+            parts.append(path.read_text())
+        elif path.is_file():
+            parts.append(f"![{f}]({e.name}/{f})\n")
+    if (summary := e.summary(out / e.name)) is not None:
+        parts.append(summary + "\n")
+    for r in verdicts[verdicts["figure"].isin(s.claim_figures)].itertuples():
+        parts.append(f"- **{r.verdict}** — {r.claim} {r.evidence}.")
+    trained = f"; its runs trained for {meta['trained_s'] / 60:.1f} min" if meta.get("trained_s") else ""
+    wall = ("Tabulated with `--no-train` from runs trained by other processes"
+            if meta.get("tabulated_only") else f"Wall time {meta['wall_time_s'] / 60:.1f} min")
+    parts.append(
+        f"\n**Command.** `{meta['command']}` (part of `{make}`). Hardware: {meta['hardware']}. "
+        f"{wall}{trained}; finished {meta['finished']}.\n"
+    )
+    return parts
+
+
+def update_readme(readme: Path, out: Path, experiments: list, make: str,
+                  headline: tuple[str, str, str]) -> None:
+    """The README's current results, made from the committed folder's step files and verdicts (the same
+    claims.csv as REPORT.md), between the README_BLOCK markers. `headline`: (step, table file, caption) of
+    the table shown in full."""
+    text = readme.read_text()
+    if README_BLOCK[0] not in text:
+        return
+    verdicts = pd.read_csv(out / "claims.csv")
+    rel = out.resolve().relative_to(readme.parent.resolve()).as_posix()
+    lines = [
+        f"From `{make}`; [{rel}/REPORT.md]({rel}/REPORT.md) has every table, "
+        "figure and number"
+        + (f"; [{rel}/RUN.md]({rel}/RUN.md) says how the run went" if (out / "RUN.md").is_file() else "")
+        + ". Steps run so far:",
+        "",
+    ]
+    for e in reported(experiments):
+        meta = out / e.name / "step.json"
+        if meta.is_file():
+            m = json.loads(meta.read_text())
+            trained = f" (its runs trained {m['trained_s'] / 60:.0f} min)" if m.get("trained_s") else ""
+            minutes = f"{m['wall_time_s'] / 60:.0f} min"
+            wall = "tabulated with `--no-train`" if m.get("tabulated_only") else minutes
+            lines.append(
+                f"- `{e.name}`: `{m['command']}`, {wall}{trained} on {m['hardware']}, "
+                f"finished {m['finished']}"
+            )
+        else:
+            lines.append(f"- `{e.name}`: not run yet (`{make} STEPS={e.name}`)")
+    step, table, caption = headline
+    if (out / step / table).is_file():
+        lines += ["", caption, "", (out / step / table).read_text().strip()]
+    lines += ["", "| claim | verdict | evidence |", "|---|---|---|"]
+    lines += [
+        f"| {r.figure}: {r.claim} | **{r.verdict}** | {r.evidence} |"
+        for r in verdicts.itertuples()
+        if r.verdict != "not measured"
+    ]
+    missing = verdicts[verdicts["verdict"] == "not measured"]
+    if len(missing):
+        todo = "; ".join(f"{r.figure}: {r.claim}" for r in missing.itertuples())
+        lines += ["", f"Not measured yet: {todo}"]
+    start, end = text.index(README_BLOCK[0]), text.index(README_BLOCK[1])
+    write_atomic(readme, text[: start + len(README_BLOCK[0])] + "\n" + "\n".join(lines) + "\n" + text[end:])

@@ -1,0 +1,238 @@
+"""Training a planned sweep: one Hydra multirun over its runs (basic launcher by default;
+hydra/launcher=joblib or submitit_slurm by override) into one sweep folder (engine/registry.py says what it
+holds).
+
+Re-running a sweep skips finished runs and resumes interrupted ones (train() resumes from last.ckpt); a
+failed run is recorded and does not stop the sweep. Runs with `after` (TF finetune) start once the run
+they depend on has finished. A committed registry of an earlier session counts its finished runs as done
+(`restore`): a new machine re-tabulates what it cannot retrain.
+"""
+
+import json
+import logging
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ...config import CONFIG_MODULE
+from ...io import write_atomic, write_json
+from ...training.run_folder import RunFolderInUse, in_use
+from ...training.train import train
+from .floors import text_floors
+from .plan import Run, composed
+from .registry import (
+    failure_line,
+    read_plan,
+    record_failure,
+    run_finished,
+    write_plan,
+    write_registry,
+)
+
+log = logging.getLogger("ttt_bench.experiments")
+
+
+class Progress:
+    """The whole pipeline's progress line, "run k/N, elapsed, ETA": `make reproduce` plans it over every
+    sweep; a sweep run alone counts its own runs. It lives in a file (`path`), so that every process that
+    trains the pipeline's runs (Hydra's joblib workers, a second `make reproduce`) reports the same line; the
+    run folders say which runs have finished. The ETA scales the time spent so far by the planned tokens
+    still to train."""
+
+    def __init__(self, path: Path, tokens: dict | None = None, finished_before: list | None = None,
+                 start: float | None = None):
+        self.path = Path(path)
+        self.tokens: dict[str, float] = tokens or {}  # run folder -> planned tokens
+        self.finished_before = set(finished_before or ())  # finished when planned: not this session's work
+        self.start = start or time.time()
+
+    def plan(self, runs: dict[str, Run], out: Path) -> None:
+        for name, run in runs.items():
+            run_dir = str(Path(out) / name)
+            if run_finished(run_dir):
+                self.finished_before.add(run_dir)
+                self.tokens[run_dir] = 0.0
+                continue
+            try:
+                self.tokens[run_dir] = float(composed(run.overrides).recipe.total_tokens)
+            except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
+                self.tokens[run_dir] = 0.0
+        write_json(self.path, {"tokens": self.tokens, "finished_before": sorted(self.finished_before),
+                               "start": self.start})
+
+    @classmethod
+    def load(cls, path: Path) -> "Progress":
+        try:
+            return cls(path, **json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError):
+            return cls(path)
+
+    def begin(self, name: str) -> None:
+        done = {d for d in self.tokens if run_finished(d)}
+        trained = sum(t for d, t in self.tokens.items() if d in done and d not in self.finished_before)
+        left = sum(t for d, t in self.tokens.items() if d not in done)
+        elapsed = time.time() - self.start
+        eta = f"ETA {elapsed / trained * left / 60:.0f} min" if trained else "ETA after a run"
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + 1, len(self.tokens), name, elapsed / 60,
+                 eta)
+
+
+def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
+    """Train one run of a plan unless it has finished; record a failure instead of raising."""
+    import hydra
+
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text())["overrides"]
+    except (OSError, ValueError, KeyError):
+        recorded = None
+    if recorded is not None and recorded != run.overrides:  # planned anew with other settings: stale
+        log.info("run %s was made with other overrides; training it again", name)
+        shutil.rmtree(run_dir)
+    elif run_finished(run_dir):
+        return
+    command = "ttt-bench train " + " ".join(shlex.quote(o) for o in run.overrides)
+    write_json(run_dir / "run.json", {"name": name, **run.to_json(), "command": command})
+    progress.begin(name)
+    try:
+        try:  # composed by the planner in this process; a job in another process (SLURM) composes it
+            cfg = composed(run.overrides)
+        except ValueError:  # Hydra's global state is this multirun's: compose through it
+            cfg = hydra.compose(config_name="train", overrides=run.overrides)
+        train(cfg, run_dir)
+    except RunFolderInUse:  # another process of the same sweep trains it: two processes share a sweep
+        log.info("run %s is being trained by another process; skipped here", name)
+    except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
+        log.exception("run %s failed", name)
+        record_failure(run_dir, failure_line(e))
+
+
+def _job(cfg) -> None:
+    """The Hydra task of a sweep's multirun: one run of the plan, picked by `+run=<name>`."""
+    plan, runs = read_plan(Path(cfg.sweep_plan).parent)
+    run_one(cfg.run, runs[cfg.run], Path(plan["dir"]) / cfg.run, Progress.load(plan["progress"]))
+
+
+def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
+    """One Hydra multirun over the runs `names` of a written plan (e.g. hydra/launcher=joblib)."""
+    import hydra
+
+    out = plan_path.parent
+    argv = [
+        "--multirun",
+        f"+sweep_plan='{plan_path}'",
+        "+run=" + ",".join(f"'{n}'" for n in names),
+        f"hydra.sweep.dir='{out}'",
+        "hydra.sweep.subdir=${run}/hydra",
+        *launcher,
+    ]
+    saved = sys.argv
+    sys.argv = ["ttt-bench ablate", *argv]  # hydra.main reads its command line from sys.argv
+    try:
+        hydra.main(config_path=CONFIG_MODULE, config_name="train", version_base="1.3")(_job)()
+    finally:
+        sys.argv = saved
+
+
+@dataclass
+class Stage:
+    """A sweep folder's worth of runs: what one `train_stage` trains and tabulates."""
+
+    folder: str  # relative to the runs root: the experiment's name, or e.g. recall/calibration
+    runs: dict[str, Run]
+    committed: Path | None = None  # a registry of earlier sessions (on a new machine: restored)
+
+
+@dataclass
+class Trained:
+    """What training an experiment's sweeps leaves for its step folder: CSVs by name (registry.csv,
+    floors.csv, ...) and facts for step.json."""
+
+    registry: pd.DataFrame
+    files: dict[str, pd.DataFrame] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+
+def compose_all(runs: dict[str, Run], out: Path) -> dict:
+    """Every run's config, composed once up front: a run whose config does not compose (a model config that
+    does not exist yet, a bad override) is recorded as failed instead of stopping the multirun."""
+    configs = {}
+    for name, run in runs.items():
+        try:
+            configs[name] = composed(run.overrides)
+        except Exception as e:  # noqa: BLE001
+            record_failure(out / name, failure_line(e))
+    return configs
+
+
+def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: list[str] = (),
+                pipeline: Progress | None = None, train: bool = True) -> Trained:
+    """Restore, train (skipping finished runs) and tabulate one stage's runs in `out`, with the n-gram
+    floors of their texts. `pipeline`: the progress of a whole pipeline this stage is part of (else its own);
+    `train=False` tabulates the runs finished so far and trains nothing."""
+    out = Path(out).resolve()
+    runs = stage.runs
+    if stage.committed is not None:
+        restore(out, runs, stage.committed)
+    if pipeline is None:
+        pipeline = Progress(out / "progress.json")
+        pipeline.plan(runs, out)
+    for run in runs.values():  # TF finetune starts from the weights of the run it depends on
+        if run.after is not None:
+            run.overrides.append(f"recipe.init_from='{out / run.after / 'checkpoints' / 'last.ckpt'}'")
+    plan_path = write_plan(out, sweep, profile, runs, pipeline.path)
+    configs = compose_all(runs, out)
+    for dependent in (False, True):  # runs without dependencies, then those that start from another run
+        todo = []
+        for n in configs:
+            run = runs[n]
+            if (run.after is not None) != dependent or run_finished(out / n):
+                continue
+            if dependent and not run_finished(out / run.after):
+                if in_use(out / run.after):  # another process of this sweep trains it: its turn
+                    log.info("run %s waits for %s, trained by another process", n, run.after)
+                else:
+                    record_failure(out / n, f"the run it starts from ({run.after}) did not finish")
+                continue
+            todo.append(n)
+        log.info("sweep %s (%s): %d runs to train%s", sweep, profile, len(todo), " first" * (not dependent))
+        if todo and train:
+            launch(plan_path, todo, list(launcher))
+    floors = text_floors(runs, configs)
+    write_atomic(out / "floors.csv", floors.to_csv(index=False))  # `ttt-bench plot` draws them
+    return Trained(write_registry(out), {"floors.csv": floors})
+
+
+def _identity(overrides) -> list[str]:
+    """What makes two runs the same run across machines: the overrides without paths."""
+    items = overrides.split() if isinstance(overrides, str) else overrides
+    return [o for o in items if not o.startswith(("paths.", "recipe.init_from="))]
+
+
+def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:
+    """Count the finished runs of a committed registry (an earlier session's, whose run folders are gone)
+    as done: their metrics.json is written back, unless another run starts from their checkpoint. Returns
+    how many were restored."""
+    if not Path(registry).is_file():
+        return 0
+    parents = {run.after for run in runs.values()}
+    old = pd.read_csv(registry)
+    n = 0
+    for row in old[old["status"] == "finished"].to_dict("records"):
+        name = row["run"]
+        if name not in runs or name in parents or run_finished(out / name):
+            continue
+        if _identity(row["overrides"]) != _identity(runs[name].overrides):
+            continue
+        plan_keys = set(runs[name].columns()) | {"run", "sweep", "profile", "after", "overrides",
+                                                  "total_train_flops"}
+        metrics = {k: v for k, v in row.items() if k not in plan_keys and not pd.isna(v)}
+        write_json(out / name / "metrics.json", {**metrics, "restored_from": str(registry)})
+        n += 1
+    if n:
+        log.info("%d finished runs restored from %s", n, registry)
+    return n

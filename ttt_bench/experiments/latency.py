@@ -1,0 +1,133 @@
+"""Figures 3/15: latency per token against context, prefill and decode, for the Transformer, TTT-Linear,
+TTT-MLP and Mamba: the suite of `ttt-bench bench models` at the profile's size (smoke skips it). Nothing is
+trained; the benchmark runs alone (a busy machine would time itself)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..bench.models import summary as models_summary
+from .engine import plotting as P
+from .engine.experiment import Experiment, PlotCommand, Section, read_csv
+from .engine.report import Step
+from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Claim, Verdict
+
+PROFILES = {  # `ttt-bench bench models` arguments per profile
+    "quick": ["--preset", "cpu-ref", "--phases", "prefill,decode", "--contexts", "1024-4096",
+              "--repeats", "1"],
+    "cpu": ["--preset", "cpu-ref", "--phases", "prefill,decode"],
+    "paper": ["--size", "1.3b", "--batch", "16", "--decode-batch", "512", "--dtype", "bfloat16", "--contexts",
+              "1024-32768", "--phases", "prefill,decode"],
+}
+
+
+def latency_figure(bench: pd.DataFrame):
+    phases = [p for p in ("prefill", "decode", "train") if p in set(bench["phase"])]
+    if not phases:
+        raise ValueError("no prefill/decode/train rows in the benchmark CSV")
+    bench = bench.copy()
+    bench["latency_ms_per_token"] = pd.to_numeric(bench["latency_ms_per_token"], errors="coerce")
+    bench = bench[bench["latency_ms_per_token"].notna()]
+    fig, axes = P.plt.subplots(1, len(phases), figsize=(4.8 * len(phases), 4.4), squeeze=False,
+                               layout="constrained")
+    for ax, phase in zip(axes[0], phases, strict=True):
+        sub = bench[bench["phase"] == phase]
+        for model, g in sub.groupby("model", sort=False):
+            s = g.groupby("context")["latency_ms_per_token"].agg(["mean", "std", "size"]).sort_index()
+            label = P.PAPER_NAMES.get(model, model)
+            one = " (single point)" if len(s) == 1 else ""
+            P.errorbar(ax, s.index, s["mean"], s["std"].fillna(0.0), f"{label}{one}", style_of=label)
+        ctx = sorted(sub["context"].unique())
+        info = []
+        for col, fmt in (("device", "{}"), ("dtype", "{}"), ("threads", "{} threads"), ("batch", "batch {}")):
+            if col in sub and sub[col].notna().any():
+                vals = sorted({str(v).removesuffix(".0") for v in sub[col].dropna()})
+                info.append(fmt.format("/".join(vals)))
+        ax.set(xscale="log", yscale="log", xlabel="Context length", ylabel="Latency per token (ms)",
+               title=phase.capitalize() + (f" ({', '.join(info)})" if info else ""))
+        if ctx:
+            ax.set_xlim(ctx[0] / 1.25, ctx[-1] * 1.25)
+        P.finish_log_axis(ax, "x", lambda v, _p=None: P.context_label(int(v)), ticks=[float(c) for c in ctx])
+        P.finish_log_axis(ax, "y")
+    P.legend_below(fig, [h for ax in axes[0] for h in P.handles_of(ax)])
+    return fig
+
+
+def plot_latency(inputs: list[Path], stem: Path) -> list[Path]:
+    return P.save(latency_figure(pd.concat([pd.read_csv(f) for f in inputs], ignore_index=True)), stem)
+
+
+def prefill_faster_from_8k(r) -> Verdict:
+    """One benchmark run (best of its repeats): a ratio within 10% of 1 is called inconclusive."""
+    b = r.csv("latency", "latency.csv")
+    if b is None or b.empty:
+        return Verdict(MISSING, "no latency benchmark")
+    lat = b[b["phase"] == "prefill"].pivot_table(index="context", columns="model",
+                                                 values="latency_ms_per_token")
+    if not {"ttt_linear", "transformer"} <= set(lat.columns) or lat.index.max() < 8192:
+        return Verdict(MISSING, "TTT-Linear and Transformer prefill at >= 8k not measured")
+    ratio = (lat["ttt_linear"] / lat["transformer"])[lat.index >= 8192]
+    status = HOLDS if (ratio < 0.9).all() else (FAILS if (ratio > 1.1).any() else INCONCLUSIVE)
+    sentence = (
+        "TTT-Linear / Transformer prefill latency per token: "
+        + ", ".join(f"{c // 1024}k {v:.2f}x" for c, v in ratio.items())
+        + " (one run; within 10% of 1 is inconclusive)"
+    )
+    return Verdict(status, sentence, {"ratio": ratio.to_dict()})
+
+
+class Latency(Experiment):
+    name = "latency"
+    measures = "speed"
+    trains = False
+    section = Section(
+        "Figures 3/15: latency",
+        "Forward latency per token grows with context for the Transformer and stays flat for TTT-Linear "
+        "and Mamba; TTT-Linear is faster than the Transformer from 8k context.",
+        ["latency.png"],
+        ["Figures 3/15"],
+    )
+
+    def stages(self, profile: str, data_dir: str | None) -> list:
+        return []
+
+    def run_step(self, ctx) -> None:
+        """The benchmark in a process of its own, into the step folder."""
+        if ctx.profile not in PROFILES:
+            return
+        args = PROFILES[ctx.profile]
+        step = Step(ctx.out, self.name, " ".join(["ttt-bench bench models", *args]))
+        cmd = [sys.executable, "-m", "ttt_bench.cli.main", "bench", "models", *args]
+        done = subprocess.run([*cmd, "--out", str(step.dir / "latency.csv")], capture_output=True, text=True)
+        if done.returncode:
+            step.done(error=(done.stderr.strip().splitlines() or [""])[-1])
+            return
+        self.tabulate(step.dir)
+        step.done()
+
+    def tabulate(self, folder: Path) -> None:
+        bench = read_csv(folder, "latency.csv")
+        if bench is not None:
+            P.save(latency_figure(bench), folder / "latency")
+
+    def summary(self, folder: Path) -> str | None:
+        """The benchmark's prefill and decode lines (`ttt-bench bench models`' summary)."""
+        bench = read_csv(folder, "latency.csv")
+        if bench is None:
+            return None
+        return "; ".join(line for line in models_summary(bench) if line.startswith(("prefill", "decode")))
+
+    @property
+    def claims(self) -> list[Claim]:
+        return [Claim("latency.prefill", "Figures 3/15", "TTT-Linear's prefill is faster per token than the "
+                      "Transformer's from 8k context.", prefill_faster_from_8k)]
+
+    @property
+    def plots(self) -> dict[str, PlotCommand]:
+        return {"latency": PlotCommand("latency per token vs context (Figs 3/15); INPUT: CSVs of `ttt-bench "
+                                       "bench`", plot_latency)}
+
+
+EXPERIMENT = Latency()

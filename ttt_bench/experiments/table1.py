@@ -1,0 +1,198 @@
+"""Table 1: from linear attention to TTT-Linear, one design change per row (conf/sweep/table1.yaml).
+
+The ladder is incremental: a row with `change` is the row above with those overrides applied, so
+consecutive rows differ by exactly that change; a row with `overrides` starts a new model. The paper's
+perplexities (the sweep's `paper_ppl`) give each step's paper difference: a claim per step that the paper
+reports, judged on the same step of our ladder.
+"""
+
+import numpy as np
+import pandas as pd
+
+from ..io import write_atomic
+from .engine.experiment import Experiment, Section, read_csv
+from .engine.floors import undertrained
+from .engine.plan import Run, configuration, data_overrides, merge
+from .engine.registry import finished_runs
+from .engine.stats import difference
+from .engine.tables import by_config, floor_rows, fmt_ppl, undertrained_mark
+from .engine.verdicts import INCONCLUSIVE, MISSING, Claim, Verdict, compare, status_of
+
+# the claim of each ladder step the paper reports: row -> (claim key, sentence; {diff}: the paper's)
+STEP_CLAIMS = {
+    "linear_attention_improved": ("improved", "Linear attention without the feature map and normalizer "
+                                  "(improved) has lower perplexity than Katharopoulos et al.'s."),
+    "ttt_equivalence": ("equivalence", "The TTT layer of Theorem 1 is the improved linear attention: the "
+                        "same perplexity."),
+    "learnable_w0": ("learnable_w0", "A learnable W_0 hurts slightly ({diff})."),
+    "ln_residual": ("ln_residual", "LN and residual in f lower perplexity ({diff})."),
+    "minibatch": ("minibatch", "Mini-batch TTT (b = T -> 16) lowers perplexity ({diff})."),
+    "learnable_eta": ("learnable_eta", "A learnable inner learning rate lowers perplexity ({diff})."),
+    "mamba_backbone": ("mamba_backbone", "The Mamba backbone lowers perplexity ({diff})."),
+}
+
+
+def table1_row(reg, name: str) -> pd.DataFrame:
+    """The finished runs of one ladder row, by its name (configs are `<row number>-<name>`)."""
+    df = finished_runs(reg)
+    return df[df["config"].astype(str).str.split("-", n=1).str[-1] == name].sort_values("seed")
+
+
+def last_rows(reg) -> pd.DataFrame:
+    """The finished runs of the ladder's last row and of the reference models (configs without a row
+    number): what the headline comparisons rest on."""
+    t1 = finished_runs(reg)
+    row = t1["config"].astype(str).str.split("-", n=1).str[0]
+    numbered = row.str.isdigit()
+    last = row[numbered].astype(int).max() if numbered.any() else None
+    return t1[~numbered | (row == str(last))]
+
+
+def table1_markdown(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
+    """Table 1: mean +- std over seeds, the Diff. of the means from the row above, the paper's numbers, and
+    the n-gram floors; a row that does not beat the bigram floor is marked under-trained."""
+    cfg = by_config(registry)
+    rows = cfg[cfg["row"].notna()].sort_values("row")
+    refs = cfg[cfg["row"].isna()]
+    fmt = lambda v, signed=False: "-" if pd.isna(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
+    diff, paper = rows["ppl_mean"].diff(), pd.to_numeric(rows["paper_ppl"], errors="coerce")
+    paper_diff = paper - paper.ffill().shift()  # from the nearest row above that the paper has
+    lines = [
+        "| Configuration | Ppl. (mean +- std) | Diff. | seeds | Paper Ppl. | Paper Diff. |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper_diff, strict=True):
+        mark = undertrained_mark(r, floors)
+        lines.append(
+            f"| {r['label']} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
+            f"{fmt(d, True)} | {r['seeds']} | {fmt(pp)} | {fmt(pd_, True)} |"
+        )
+    for _, r in refs.iterrows():
+        lines.append(
+            f"| *{r['label']} (reference)* | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])} | | "
+            f"{r['seeds']} | | |"
+        )
+    lines += floor_rows(floors, ["label"], 4)
+    table = pd.concat([rows, refs])[["config", "label", "ppl_mean", "ppl_std", "seeds", "paper_ppl"]]
+    return table, "\n".join(lines) + "\n"
+
+
+class Table1(Experiment):
+    name = "table1"
+
+    @property
+    def section(self) -> Section:
+        p = self.paper_ppl
+        d = dict(self.steps())
+        return Section(
+            "Table 1: from linear attention to TTT-Linear",
+            f"Each design lowers perplexity except learnable W0 ({d['learnable_w0'][2]:+.2f}); the biggest "
+            f"gain is mini-batch TTT (b = T -> 16, {d['minibatch'][2]:+.2f}), then LN and residual in f "
+            f"({d['ln_residual'][2]:+.2f}); TTT-Linear (M) ends at {p['mamba_backbone']:.2f} vs "
+            f"{p['linear_attention']:.2f} for linear attention (125M, Pile 2k, Llama tokens).",
+            ["table1.md"],
+            ["Table 1"],
+        )
+
+    @property
+    def paper_ppl(self) -> dict[str, float]:
+        return {r["name"]: r["paper_ppl"] for r in self.sweep["runs"] if r.get("paper_ppl") is not None}
+
+    def steps(self) -> list[tuple[str, tuple[str, str, float, str]]]:
+        """(claim key, (row, the row above it in our ladder, the paper's difference, expected sign)) of every
+        step the paper reports: its difference from the nearest row above that the paper has."""
+        rows, out, paper_above = [r["name"] for r in self.sweep["runs"]], [], None
+        for above, row in zip([None, *rows], rows, strict=False):
+            paper = self.paper_ppl.get(row)
+            if paper is None:
+                continue
+            if paper_above is not None and row in STEP_CLAIMS:
+                diff = round(paper - paper_above, 2)
+                out.append((STEP_CLAIMS[row][0],
+                            (row, above, diff, "<" if diff < 0 else ">" if diff else "=")))
+            paper_above = paper
+        return out
+
+    def configurations(self, profile: str, data_dir: str | None) -> list[Run]:
+        base = data_overrides(self.sweep["data"], data_dir) + self.sweep["profiles"][profile]["overrides"]
+        runs, model = [], []
+        for i, row in enumerate(self.sweep["runs"]):
+            model = list(row["overrides"]) if "overrides" in row else merge(model, row["change"])
+            runs.append(configuration(f"{i + 1}-{row['name']}", base + model, row["label"], row=i + 1,
+                                      paper_ppl=row.get("paper_ppl"), change=" ".join(row.get("change", []))))
+        for ref in self.sweep.get("references", []):
+            runs.append(configuration(ref["name"], base + ref["overrides"], ref["label"], row=None,
+                                      paper_ppl=None))
+        return runs
+
+    def tabulate(self, folder) -> None:
+        reg = read_csv(folder, "registry.csv")
+        if reg is not None:
+            write_atomic(folder / "table1.md", table1_markdown(reg, read_csv(folder, "floors.csv"))[1])
+
+    @property
+    def claims(self) -> list[Claim]:
+        steps = dict(self.steps())
+        sentences = dict(STEP_CLAIMS.values())
+        out = [Claim(f"table1.{key}", "Table 1", sentences[key].format(diff=f"{paper:+.2f}"),
+                     self.step_judge(row, above, paper, expect))
+               for key, (row, above, paper, expect) in steps.items()]
+        p = self.paper_ppl
+        return out + [
+            Claim("table1.largest_gain", "Table 1",
+                  "Mini-batch TTT is the largest improvement of the ladder.",
+                  lambda r: largest_gain(r, steps)),
+            Claim("table1.end_to_end", "Table 1", f"TTT-Linear (M) ends well below linear attention "
+                  f"({p['mamba_backbone']:.2f} vs {p['linear_attention']:.2f}).",
+                  lambda r: compare(table1_row(r.csv("table1"), "mamba_backbone"),
+                                    table1_row(r.csv("table1"), "linear_attention"),
+                                    ("TTT-Linear (M)", "Linear attention [41]"), "<", r.floors,
+                                    f"; paper {p['mamba_backbone']:.2f} vs {p['linear_attention']:.2f}")),
+        ]
+
+    @staticmethod
+    def step_judge(row: str, above: str, paper: float, expect: str):
+        def judge(r) -> Verdict:
+            reg = r.csv("table1")
+            return compare(table1_row(reg, row), table1_row(reg, above),
+                           (_label(reg, row), _label(reg, above)), expect, r.floors, f"; paper {paper:+.2f}")
+
+        return judge
+
+
+def _label(reg, name: str) -> str:
+    df = table1_row(reg, name)
+    return str(df["label"].iloc[0]) if len(df) and "label" in df else name
+
+
+def seed_diffs(reg, row: str, above: str) -> np.ndarray:
+    """Per-seed differences between two rows (the same seed: the same data order)."""
+    a = table1_row(reg, row).set_index("seed")["val_ppl"]
+    b = table1_row(reg, above).set_index("seed")["val_ppl"]
+    return (a - b).dropna().to_numpy()
+
+
+def largest_gain(r, steps: dict) -> Verdict:
+    """Mini-batch TTT's gain is larger than every other step's of the paper's ladder."""
+    reg = r.csv("table1")
+    gains = {k: seed_diffs(reg, row, above) for k, (row, above, _, _) in steps.items()}
+    if any(len(v) == 0 for v in gains.values()):
+        return Verdict(MISSING, "not every row of the ladder finished")
+    means = {k: float(v.mean()) for k, v in gains.items()}
+    best = min(means, key=means.get)
+    runner = min((k for k in means if k != "minibatch"), key=means.get)
+    d = difference(gains["minibatch"], gains[runner])
+    status = status_of(d, "<", 0.0)
+    under = undertrained(finished_runs(reg), r.floors)
+    if under:
+        status = INCONCLUSIVE
+    sentence = (
+        f"the largest mean gain is {best} ({means[best]:+.3f}); mini-batch TTT {means['minibatch']:+.3f} vs "
+        "the "
+        f"next largest other step, {runner}, {means[runner]:+.3f}: difference {d.text()}"
+        + (f"; {len(under)} runs do not beat the bigram floor (under-trained)" if under else "")
+    )
+    return Verdict(status, sentence, {"mean_gains": means})
+
+
+EXPERIMENT = Table1()
