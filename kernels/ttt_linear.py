@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 
 from .ln import ln_backward, ln_l2_grad, normalize, row_mean
+from .ttt_decode import HEAD_SIZES  # noqa: F401  (the same head sizes: f, compiled for sm_80 and sm_90)
+from .ttt_decode import why_not as decode_why_not
 
 
 @triton.jit
@@ -157,7 +159,6 @@ def _dual_bwd_kernel(XQ, XK, XV, ETA, W_STATES, B_STATES, LNW, LNB, DZ, DW_LAST,
 
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot input precision: exact float32 (FMAs), or tf32 tensor cores
-HEAD_SIZES = (16, 32, 64, 128)  # f: what tests/test_kernels_aot.py compiles for sm_80 and sm_90
 # b: every paper configuration's. At b = 64 (f = 64) the backward needs 213 KB of shared memory on sm_80 and
 # 337 KB on sm_90, above both limits; other sizes are not compiled ahead of time, so not taken.
 MINI_BATCHES = (16,)
@@ -182,19 +183,14 @@ def launch_options(f: int, precision: str, backward: bool = False) -> dict:
 
 
 def why_not(XQ: torch.Tensor, b, ln_weight) -> str:
-    """Why inputs are outside the fused kernel's domain ("" when inside): float32, LN-and-residual on, a bias,
-    mini-batch size in MINI_BATCHES and head size in HEAD_SIZES (powers of 2 >= 16 for tl.dot, compiled and
-    checked for shared memory and spills ahead of time; 96, the 760m size, is not a power of 2)."""
-    bs, f = XQ.shape[-2:]
-    if XQ.dtype != torch.float32:
-        return f"dtype {XQ.dtype} (the kernels take float32)"
-    if b is None or ln_weight is None:
-        return "no bias or no LayerNorm-and-residual"
+    """Why inputs are outside the fused kernel's domain ("" when inside): the decode kernel's domain (float32,
+    LN-and-residual, a bias, head size in HEAD_SIZES: powers of 2 >= 16 for tl.dot, compiled and checked for
+    shared memory and spills ahead of time; 96, the 760m size, is not a power of 2), and a mini-batch size in
+    MINI_BATCHES."""
+    bs = XQ.shape[-2]
     if bs not in MINI_BATCHES:
         return f"mini-batch size {bs} (the kernels take {', '.join(map(str, MINI_BATCHES))})"
-    if f not in HEAD_SIZES:
-        return f"head size {f} (the kernels take {', '.join(map(str, HEAD_SIZES))})"
-    return ""
+    return decode_why_not(XQ, b, ln_weight)
 
 
 def supported(XQ: torch.Tensor, b, ln_weight) -> bool:
