@@ -8,7 +8,15 @@ import pytest
 from ttt_bench.experiments import EXPERIMENTS
 from ttt_bench.experiments.engine import report
 from ttt_bench.experiments.engine.stats import difference, spearman
-from ttt_bench.experiments.engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Verdict, judge_all
+from ttt_bench.experiments.engine.verdicts import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    MISSING,
+    UNDERTRAINED,
+    Verdict,
+    judge_all,
+)
 from ttt_bench.experiments.longrange import far_fact_loss
 
 CLAIMS = [c for e in EXPERIMENTS.values() for c in e.claims]
@@ -100,7 +108,7 @@ def test_one_seed_and_undertrained_runs_are_inconclusive_and_missing_rows_not_me
     assert v.status == INCONCLUSIVE and "one seed" in v.sentence
     above_floor = [m + 5 for m in PAPER_LIKE]  # every row above the bigram floor (14)
     v = verdict("table1.minibatch", Results(table1=table1(above_floor), floors=FLOORS))
-    assert v.status == INCONCLUSIVE and "under-trained" in v.sentence
+    assert v.status == UNDERTRAINED and "under-trained" in v.sentence
     partial = table1(PAPER_LIKE)
     partial = partial[partial["config"] != "8-minibatch"]
     assert verdict("table1.minibatch", Results(table1=partial)).status == MISSING
@@ -256,3 +264,33 @@ def test_budgets_need_every_run_past_the_bigram_floor_and_the_headline_runs_past
     v = verdict("budgets", Results(table1=ladder, minibatch=minibatch, scaling=scaling(6.5), floors=floors))
     assert v.status == FAILS and v.numbers["under_bigram"] == ["bT-s0"] and "(not: bT-s0)" in v.sentence
     assert verdict("budgets", Results(table1=ladder)).status == MISSING  # no floors
+
+
+def test_arms_that_share_seeds_are_paired_and_print_their_minimum_detectable_effect():
+    """A seed effect shared by both arms hides a consistent difference from Welch's test; pairing by seed
+    finds it. Arms that ran other seeds are compared unpaired."""
+    from ttt_bench.experiments.engine.verdicts import compare
+
+    a = pd.DataFrame({"seed": [0, 1, 2], "v": [10.0, 12.0, 14.1]})
+    b = a.assign(v=[10.5, 12.5, 14.5])
+    v = compare(a, b, ("a", "b"), "<", None, value="v")
+    assert v.status == HOLDS and "paired by seed, n = 3" in v.sentence and "MDE" in v.sentence
+    assert v.numbers["paired"] and v.numbers["p"] < 0.05
+    welch = compare(a.assign(seed=[3, 4, 5]), b, ("a", "b"), "<", None, value="v")
+    assert welch.status == INCONCLUSIVE and "Welch, n = 3 vs 3" in welch.sentence
+    assert welch.numbers["mde"] > v.numbers["mde"]
+
+
+def test_a_tables_directional_claims_are_corrected_together_with_holm():
+    from ttt_bench.experiments.engine.verdicts import Claim
+
+    def fixed(status, p):
+        return lambda r: Verdict(status, "s", {"p": p})
+
+    claims = [Claim("t.a", "Table", "a", fixed(HOLDS, 0.04)), Claim("t.b", "Table", "b", fixed(HOLDS, 0.001)),
+              Claim("t.c", "Table", "c", fixed(FAILS, 0.03)), Claim("f.a", "Figure", "d", fixed(HOLDS, 0.03))]
+    table = judge_all(claims, None).set_index("id")
+    assert table.loc["t.b", "verdict"] == HOLDS  # adjusted 0.001 x 3
+    for claim in ("t.a", "t.c"):  # adjusted max(0.03 x 2, 0.04) = 0.06
+        assert table.loc[claim, "verdict"] == INCONCLUSIVE and "adjusted 0.06" in table.loc[claim, "evidence"]
+    assert table.loc["f.a", "verdict"] == HOLDS  # a family of one

@@ -390,7 +390,7 @@ def test_mttt_table_and_claims():
     linear = pd.DataFrame({"floor": ["linear classifier on the pixels"], "test_acc": [72.0]})
     frames = {("mttt_patches", "registry.csv"): patches, ("mttt_patches", "image_floors.csv"): linear}
     v = judge_all(claims, Results(frames=frames)).set_index("id")
-    assert v.loc["mttt.mlp_beats_linear_attention", "verdict"] == "inconclusive"  # linear attention <= 72%
+    assert v.loc["mttt.mlp_beats_linear_attention", "verdict"] == "under-trained"  # linear attention <= 72%
     assert "do not beat the linear classifier on the pixels (72.0%): under-trained" in \
         v.loc["mttt.mlp_beats_linear_attention", "evidence"]
     assert v.loc["mttt.more_steps", "verdict"] == "holds"  # both rows above the floor

@@ -27,7 +27,7 @@ from .engine.floors import undertrained
 from .engine.plan import Run, configuration
 from .engine.registry import finished_runs
 from .engine.stats import mean_sd
-from .engine.verdicts import INCONCLUSIVE, MISSING, Claim, Verdict, compare
+from .engine.verdicts import INCONCLUSIVE, MISSING, UNDERTRAINED, Claim, Verdict, compare
 
 FACT = re.compile(rb"([A-Z][a-z]+) holds the code (\d{4}-\d{4})\.")
 DISTANCE_BINS = (0, 256, 512, 1024, 2048, 4096, 8192, math.inf)  # bytes back to the first mention
@@ -225,7 +225,7 @@ def recalls_far_facts_better(a: str, b: str):
         runs = finished_runs(r.csv("longrange"))
         under = undertrained(runs[runs["method"].isin([a, b])], r.floors) if "method" in runs else []
         if v.status != MISSING and under:
-            status = INCONCLUSIVE
+            status = UNDERTRAINED
             sentence += f"; {len(under)} of the runs do not beat the bigram floor of the text (under-trained)"
         return Verdict(status, sentence, v.numbers)
 

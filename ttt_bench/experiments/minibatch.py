@@ -27,7 +27,17 @@ from .engine.plan import Run, configuration, data_overrides
 from .engine.registry import finished_runs, read_registry, select
 from .engine.stats import spearman
 from .engine.tables import summary_table
-from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Claim, Verdict, combine, compare
+from .engine.verdicts import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    MISSING,
+    UNDERTRAINED,
+    Claim,
+    Verdict,
+    combine,
+    compare,
+)
 
 # ---- measurements ----
 
@@ -230,7 +240,7 @@ def minibatch_trend(r) -> Verdict:
     status = INCONCLUSIVE if lo is None else (HOLDS if lo > 0 else (FAILS if hi < 0 else INCONCLUSIVE))
     under = undertrained(df, r.floors)
     if under:
-        status = INCONCLUSIVE
+        status = UNDERTRAINED
     ci = "no interval (fewer than 5 runs)" if lo is None else f"95% CI {lo:+.2f} to {hi:+.2f}"
     means = df.groupby("mini_batch", sort=False)["val_ppl"].mean()
     sentence = (

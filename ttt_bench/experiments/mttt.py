@@ -24,7 +24,7 @@ from .engine.experiment import Experiment, Section, read_csv
 from .engine.plan import Run, composed, configuration
 from .engine.registry import finished_runs
 from .engine.stats import difference, mean_sd
-from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Claim, Verdict, compare
+from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, UNDERTRAINED, Claim, Verdict, compare
 
 LINEAR_FLOOR = "linear classifier on the pixels"
 
@@ -184,7 +184,7 @@ def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
         below = [] if floor is None else rows.loc[rows["test_acc_pct"] <= floor, "run"].tolist()
         if below and v.status != MISSING:  # as the language models' bigram floor: under-trained runs
             why = f"{len(below)} of the runs do not beat the linear classifier on the pixels ({floor:.1f}%)"
-            v = Verdict(INCONCLUSIVE, f"{v.sentence}; {why}: under-trained",
+            v = Verdict(UNDERTRAINED, f"{v.sentence}; {why}: under-trained",
                         {**v.numbers, "undertrained": below})
         return v
 

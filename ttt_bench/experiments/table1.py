@@ -16,7 +16,7 @@ from .engine.plan import Run, configuration, data_overrides, merge
 from .engine.registry import finished_runs
 from .engine.stats import difference
 from .engine.tables import by_config, floor_rows, fmt_ppl, undertrained_mark
-from .engine.verdicts import INCONCLUSIVE, MISSING, Claim, Verdict, compare, status_of
+from .engine.verdicts import MISSING, UNDERTRAINED, Claim, Verdict, compare, status_of
 
 # the claim of each ladder step the paper reports: row -> (claim key, sentence; {diff}: the paper's)
 STEP_CLAIMS = {
@@ -181,18 +181,20 @@ def largest_gain(r, steps: dict) -> Verdict:
     means = {k: float(v.mean()) for k, v in gains.items()}
     best = min(means, key=means.get)
     runner = min((k for k in means if k != "minibatch"), key=means.get)
-    d = difference(gains["minibatch"], gains[runner])
+    # the steps' gains share their seeds (the same data order in every row): paired, so the variance of the
+    # difference counts their correlation
+    d = difference(gains["minibatch"], gains[runner], paired=len(gains["minibatch"]) == len(gains[runner]))
     status = status_of(d, "<", 0.0)
     under = undertrained(finished_runs(reg), r.floors)
     if under:
-        status = INCONCLUSIVE
+        status = UNDERTRAINED
     sentence = (
         f"the largest mean gain is {best} ({means[best]:+.3f}); mini-batch TTT {means['minibatch']:+.3f} vs "
         "the "
         f"next largest other step, {runner}, {means[runner]:+.3f}: difference {d.text()}"
         + (f"; {len(under)} runs do not beat the bigram floor (under-trained)" if under else "")
     )
-    return Verdict(status, sentence, {"mean_gains": means})
+    return Verdict(status, sentence, {"mean_gains": means} | ({} if d.p is None else {"p": d.p}))
 
 
 EXPERIMENT = Table1()

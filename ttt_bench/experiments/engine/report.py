@@ -19,7 +19,7 @@ import pandas as pd
 from ...bench.common import hardware
 from ...io import write_atomic, write_json
 from .runner import Progress
-from .verdicts import judge_all
+from .verdicts import STATUSES, judge_all
 
 log = logging.getLogger("ttt_bench.experiments")
 README_BLOCK = ("<!-- results:begin -->", "<!-- results:end -->")
@@ -151,10 +151,14 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
         f"# ttt-bench results ({profile} profile)\n",
         f"Produced by `{make}` on {data}. Perplexities are per byte (the paper's are per Llama token), so "
         "only orderings and trends compare with the paper, not values. Every verdict below is computed by "
-        "`ttt_bench/experiments/claims.py` from the registries in this folder: a difference whose 95% "
-        "interval over seeds contains 0, or that uses a run that does not beat the byte-bigram floor, is "
-        "inconclusive. Each step's folder holds its registry (every seed), floors, tables and figures.\n",
+        "the experiment modules of `ttt_bench/experiments/` from the registries in this folder: a difference "
+        "is judged by its 95% interval over seeds (paired by seed where both arms ran the same seeds, Welch "
+        "otherwise; MDE: the interval's half-width) and, within one table or figure, corrected for "
+        "multiplicity (Holm); an interval that contains 0 is inconclusive, and a comparison that uses a run "
+        "that does not beat the byte-bigram floor is under-trained. Each step's folder holds its registry "
+        "(every seed), floors, tables and figures.\n",
         "## Verdicts\n",
+        status_counts(verdicts) + "\n",
         "| claim | verdict |",
         "|---|---|",
     ]
@@ -164,6 +168,13 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
         parts += section(e, out, verdicts, make)
     write_atomic(out / "REPORT.md", "\n".join(parts))
     return out / "REPORT.md"
+
+
+def status_counts(verdicts: pd.DataFrame) -> str:
+    """How many claims have each verdict, in the order of STATUSES."""
+    counts = verdicts["verdict"].value_counts()
+    parts = [f"{int(counts[s])} {s}" for s in STATUSES if s in counts]
+    return f"{len(verdicts)} claims: " + ", ".join(parts) + "."
 
 
 def reported(experiments: list) -> list:

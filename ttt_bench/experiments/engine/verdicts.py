@@ -1,11 +1,13 @@
 """Claims and their verdicts: each experiment states the papers' claims as `Claim`s whose judge reads the
 committed results and returns a Verdict.
 
-A verdict is "holds", "does not hold", "inconclusive" or "not measured", with the sentence printed beside
-it (made from the same numbers, so it cannot contradict them). A difference whose 95% interval over seeds
-contains 0 is "inconclusive" (one seed has no interval, so it is always inconclusive); a comparison that
-uses a run that does not beat the byte-bigram floor of its validation text is "inconclusive" too: such a
-model has not learned what the claim is about.
+A verdict is "holds", "does not hold", "inconclusive", "under-trained" or "not measured", with the
+sentence printed beside it (made from the same numbers, so it cannot contradict them). A difference whose
+95% interval over seeds contains 0 is "inconclusive" (one seed has no interval, so it is always
+inconclusive); arms that share their seeds are compared pair by pair (engine/stats.py). A comparison that
+uses a run that does not beat the byte-bigram floor of its validation text is "under-trained": such a model
+has not learned what the claim is about. Within one table or figure, the directional claims that hold or do
+not hold are corrected for multiplicity (Holm): one that is not significant after it is "inconclusive".
 """
 
 from collections.abc import Callable
@@ -14,9 +16,11 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .floors import undertrained
-from .stats import difference, mean_sd
+from .stats import ALPHA, difference, holm, mean_sd
 
 HOLDS, FAILS, INCONCLUSIVE, MISSING = "holds", "does not hold", "inconclusive", "not measured"
+UNDERTRAINED = "under-trained"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, UNDERTRAINED, MISSING)
 
 # "a = b" holds when the whole 95% interval of the difference lies within +-EQUIVALENCE_MARGIN of b's mean
 # (an equivalence test, as two one-sided tests at 2.5% each); an interval that merely contains 0 is no
@@ -51,6 +55,13 @@ def status_of(d, expect: str, reference: float) -> str:
     return HOLDS if sign == want else (INCONCLUSIVE if sign == 0 else FAILS)
 
 
+def paired_by_seed(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Whether two arms ran the same seeds (each once): their runs then pair up, seed by seed."""
+    if "seed" not in a or "seed" not in b or len(a) < 2:
+        return False
+    return a["seed"].is_unique and b["seed"].is_unique and set(a["seed"]) == set(b["seed"])
+
+
 def compare(
     a: pd.DataFrame,
     b: pd.DataFrame,
@@ -60,16 +71,20 @@ def compare(
     paper: str = "",
     value: str = "val_ppl",
 ) -> Verdict:
-    """Judge "a < b" (expect '<'), "a > b" ('>') or "a = b" ('=') on a value over seeds."""
+    """Judge "a < b" (expect '<'), "a > b" ('>') or "a = b" ('=') on a value over seeds: paired by seed
+    where both arms ran the same seeds, else Welch."""
     if a.empty or b.empty:
         missing = " and ".join(n for n, d in zip(names, (a, b), strict=True) if d.empty)
         return Verdict(MISSING, f"no finished runs of {missing}")
-    d = difference(a[value], b[value])
+    paired = paired_by_seed(a, b)
+    if paired:
+        a, b = a.sort_values("seed"), b.sort_values("seed")
+    d = difference(a[value], b[value], paired=paired)
     status = status_of(d, expect, b[value].mean())
     under = undertrained(pd.concat([a, b]), floors) if value == "val_ppl" else []
     why = ""
     if under:
-        status, why = INCONCLUSIVE, f"; {len(under)} of the runs do not beat the bigram floor (under-trained)"
+        status, why = UNDERTRAINED, f"; {len(under)} of the runs do not beat the bigram floor (under-trained)"
     elif d.lo is None:
         why = "; one seed: no interval"
     elif status == INCONCLUSIVE and expect == "=":
@@ -88,8 +103,12 @@ def compare(
         names[1]: b[value].tolist(),
         "diff": d.mean,
         "ci": [d.lo, d.hi],
+        "mde": d.mde,
+        "paired": paired,
         "undertrained": under,
     }
+    if expect != "=" and d.p is not None:  # a directional test: one of its table's family (Holm)
+        numbers["p"] = d.p
     return Verdict(status, sentence, numbers)
 
 
@@ -98,17 +117,27 @@ def combine(verdicts: list[Verdict], names: list[str]) -> Verdict:
     if not verdicts or all(v.status == MISSING for v in verdicts):
         return Verdict(MISSING, "no finished runs")
     statuses = [v.status for v in verdicts]
-    status = FAILS if FAILS in statuses else (HOLDS if set(statuses) == {HOLDS} else INCONCLUSIVE)
+    status = (FAILS if FAILS in statuses else HOLDS if set(statuses) == {HOLDS}
+              else UNDERTRAINED if UNDERTRAINED in statuses else INCONCLUSIVE)
     sentence = "; ".join(f"{n}: {v.status} ({v.sentence})" for n, v in zip(names, verdicts, strict=True))
-    return Verdict(status, sentence, {n: v.numbers for n, v in zip(names, verdicts, strict=True)})
+    numbers = {n: v.numbers for n, v in zip(names, verdicts, strict=True)}
+    ps = [v.numbers.get("p") for v in verdicts if v.status == status]
+    if status in (HOLDS, FAILS) and ps and None not in ps:  # every part must hold: the largest p tests it
+        numbers["p"] = max(ps)
+    return Verdict(status, sentence, numbers)
 
 
 def judge_all(claims: list[Claim], results) -> pd.DataFrame:
-    """Every claim's verdict, one row each (id, figure, claim, verdict, evidence)."""
-    rows = []
-    for c in claims:
-        v = c.judge(results)
-        rows.append(
-            {"id": c.id, "figure": c.figure, "claim": c.claim, "verdict": v.status, "evidence": v.sentence}
-        )
-    return pd.DataFrame(rows)
+    """Every claim's verdict, one row each (id, figure, claim, verdict, evidence), the directional claims
+    of one table or figure (`figure`) corrected together for multiplicity (Holm)."""
+    verdicts = [c.judge(results) for c in claims]
+    for figure in dict.fromkeys(c.figure for c in claims):
+        family = [v for c, v in zip(claims, verdicts, strict=True)
+                  if c.figure == figure and v.status in (HOLDS, FAILS) and "p" in v.numbers]
+        for v, adjusted in zip(family, holm([v.numbers["p"] for v in family]), strict=True):
+            if adjusted >= ALPHA:
+                v.status = INCONCLUSIVE
+                v.sentence += (f"; not significant after Holm's correction over the {len(family)} tested "
+                               f"claims of {figure} (p = {v.numbers['p']:.3g}, adjusted {adjusted:.3g})")
+    return pd.DataFrame([{"id": c.id, "figure": c.figure, "claim": c.claim, "verdict": v.status,
+                          "evidence": v.sentence} for c, v in zip(claims, verdicts, strict=True)])
