@@ -60,6 +60,9 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
 
     def app(cfg):
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        # what the folder held before this command (beside Hydra's own files, written anew by every command):
+        # a failed command removes only a folder it made, never an earlier run's results
+        earlier = [p for p in run_dir.iterdir() if p.name != ".hydra" and p.suffix != ".log"]
         try:
             # While the task runs, sys.argv is the command line again: Lightning's DDP/FSDP launcher starts
             # the other ranks of a node as `python <sys.argv[0]> <sys.argv[1:]>` (`python -m <module> ...`
@@ -73,7 +76,8 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
 
             busy = isinstance(e, RunFolderInUse)  # the folder is another process's
             busy = busy or rank_zero_only.rank != 0  # a multi-process run's folder: rank 0 tidies up
-            if not busy and not any(run_dir.glob("checkpoints/*.ckpt")):  # no half-written run folder left
+            made_here = not earlier and not any(run_dir.glob("checkpoints/*.ckpt"))
+            if not busy and made_here:  # no half-written run folder left
                 shutil.rmtree(run_dir, ignore_errors=True)
                 with contextlib.suppress(OSError):
                     run_dir.parent.rmdir()  # runs/<run_name>/ when this was its only run

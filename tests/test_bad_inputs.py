@@ -317,3 +317,21 @@ def test_fuzz_every_subcommand_with_wrong_values(capsys, tmp_path, checkpoints, 
             else:
                 wrong = [f"{option}={value}"] if command in ("train", "eval") else [option, value]
             cli_error(capsys, tmp_path, *base, *wrong)  # one line, exit code 2, nothing under runs/
+
+
+def test_a_failed_rerun_leaves_a_finished_runs_results(tmp_path, capsys):
+    """A finished run whose checkpoints were pruned, run again with a checkpoint that is not there: a
+    one-line error, and the earlier run's results stay (only a folder the failed command made is removed)."""
+    import shutil
+
+    args = ["train", "model=transformer", *TINY, f"paths.runs={tmp_path / 'runs'}"]
+    main(args)
+    (run_dir,) = (tmp_path / "runs").glob("*/*/metrics.json")
+    run_dir = run_dir.parent
+    shutil.rmtree(run_dir / "checkpoints")  # pruned to save disk
+    kept = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(SystemExit) as e:
+        main([*args, f"ckpt_path={tmp_path / 'no_such.ckpt'}"])
+    assert e.value.code == 2 and "no_such.ckpt" in capsys.readouterr().err
+    assert sorted(p.name for p in run_dir.iterdir()) == kept
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "finished"

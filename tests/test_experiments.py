@@ -423,3 +423,20 @@ def test_a_step_tabulated_without_training_says_so_instead_of_a_wall_time(tmp_pa
     Step(tmp_path, "latency", "ttt-bench bench models").done()
     assert json.loads((tmp_path / "scaling" / "step.json").read_text())["tabulated_only"] is True
     assert json.loads((tmp_path / "latency" / "step.json").read_text())["tabulated_only"] is False
+
+
+def test_a_sweep_folder_never_mixes_settings(tmp_path):
+    """A finished run planned again with other settings (another corpus, model or seed) is trained again,
+    not relabelled; a run whose settings differ only in paths (another machine's data folder) is kept."""
+    tiny = [*TINY, "model=transformer"]
+    first = {"a": configuration("a", [*tiny, "seed=1", "paths.data_dir=/here"], "a")}
+    train_stage("table1", "smoke", Stage("t", first), tmp_path)
+    kept = (tmp_path / "a" / "metrics.json").stat().st_mtime_ns
+    moved = {"a": configuration("a", [*tiny, "seed=1", "paths.data_dir=/elsewhere"], "a")}
+    train_stage("table1", "smoke", Stage("t", moved), tmp_path)
+    assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns == kept
+    other = {"a": configuration("a", [*tiny, "seed=2", "paths.data_dir=/here"], "a")}
+    reg = train_stage("table1", "smoke", Stage("t", other), tmp_path).registry
+    assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns != kept
+    assert "seed=2" in json.loads((tmp_path / "a" / "run.json").read_text())["overrides"]
+    assert set(reg["status"]) == {"finished"}

@@ -82,15 +82,27 @@ class Progress:
                  eta)
 
 
+def _identity(overrides) -> list[str]:
+    """What makes two runs the same run across machines: the overrides without paths."""
+    items = overrides.split() if isinstance(overrides, str) else overrides
+    return [o for o in items if not o.startswith(("paths.", "recipe.init_from="))]
+
+
+def stale(run_dir: Path, run: Run) -> bool:
+    """Whether the run folder holds a run made with other settings than `run` (its run.json), finished or
+    not: a sweep folder never mixes settings."""
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text())["overrides"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return _identity(recorded) != _identity(run.overrides)
+
+
 def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
     """Train one run of a plan unless it has finished; record a failure instead of raising."""
     import hydra
 
-    try:
-        recorded = json.loads((Path(run_dir) / "run.json").read_text())["overrides"]
-    except (OSError, ValueError, KeyError):
-        recorded = None
-    if recorded is not None and recorded != run.overrides:  # planned anew with other settings: stale
+    if stale(run_dir, run):  # planned anew with other settings
         log.info("run %s was made with other overrides; training it again", name)
         shutil.rmtree(run_dir)
     elif run_finished(run_dir):
@@ -190,7 +202,7 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
         todo = []
         for n in configs:
             run = runs[n]
-            if (run.after is not None) != dependent or run_finished(out / n):
+            if (run.after is not None) != dependent or (run_finished(out / n) and not stale(out / n, run)):
                 continue
             if dependent and not run_finished(out / run.after):
                 if in_use(out / run.after):  # another process of this sweep trains it: its turn
@@ -205,12 +217,6 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
     floors = text_floors(runs, configs)
     write_atomic(out / "floors.csv", floors.to_csv(index=False))  # `ttt-bench plot` draws them
     return Trained(write_registry(out), {"floors.csv": floors})
-
-
-def _identity(overrides) -> list[str]:
-    """What makes two runs the same run across machines: the overrides without paths."""
-    items = overrides.split() if isinstance(overrides, str) else overrides
-    return [o for o in items if not o.startswith(("paths.", "recipe.init_from="))]
 
 
 def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:
