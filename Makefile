@@ -9,7 +9,7 @@ JOBS ?= 2
 DATA_DIR ?=
 EXTRAS ?= dev
 
-.PHONY: setup test reproduce bench lint clean
+.PHONY: setup test reproduce bench lint clean gpu-campaign
 
 # The pinned torch goes in first: on CPU machines it is the local CPU wheel; an unpinned torch
 # would pull several GB of CUDA packages.
@@ -39,6 +39,15 @@ bench: setup
 	$(VENV)/bin/ttt-bench bench models --preset cpu-ref --repeats 5 --out results/speed/models.csv | tee results/speed/models.txt
 	$(VENV)/bin/ttt-bench bench forms --repeats 5 --out results/speed/forms.csv | tee results/speed/forms.txt
 	$(VENV)/bin/ttt-bench bench scan --out results/speed/scan.csv | tee results/speed/scan.txt
+
+# The first GPU session's campaign (docs/gpu_campaign.md): STAGE=check|bench|train|all into OUT; finished
+# stages are skipped (FORCE=1 runs them again); DRY=1 runs it tiny on the CPU (as make test does).
+STAGE ?= all
+OUT ?= results/gpu
+FORCE ?=
+DRY ?=
+gpu-campaign: setup
+	$(PY) -m ttt_bench.campaign --stage $(STAGE) --out $(OUT) $(if $(FORCE),--force) $(if $(DRY),--dry)
 
 clean:
 	rm -rf $(VENV) runs .cache
