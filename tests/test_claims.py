@@ -294,3 +294,22 @@ def test_a_tables_directional_claims_are_corrected_together_with_holm():
     for claim in ("t.a", "t.c"):  # adjusted max(0.03 x 2, 0.04) = 0.06
         assert table.loc[claim, "verdict"] == INCONCLUSIVE and "adjusted 0.06" in table.loc[claim, "evidence"]
     assert table.loc["f.a", "verdict"] == HOLDS  # a family of one
+
+
+def test_an_inconclusive_comparison_that_could_not_see_the_papers_effect_is_underpowered():
+    """The paper's effect, per byte of our text (units.paper_effect: |ln ratio| / bytes per token), against
+    the comparison's minimum detectable effect."""
+    from ttt_bench.experiments.engine.report import Results as StepResults
+    from ttt_bench.experiments.engine.verdicts import UNDERPOWERED, compare
+    from ttt_bench.experiments.units import paper_effect
+
+    units = pd.DataFrame({"role": ["pile"], "bytes_per_token": [4.0]})
+    r = StepResults(frames={("units", "units.csv"): units})
+    effect = paper_effect(r, "pile", 14.05, 15.27)
+    assert effect == pytest.approx(np.log(15.27 / 14.05) / 4)
+    assert paper_effect(r, "books", 1.0, 2.0) is None and paper_effect(StepResults(), "pile", 1, 2) is None
+    a = pd.DataFrame({"seed": [0, 1, 2], "v": [10.0, 10.6, 9.5]})
+    b = a.assign(v=[10.1, 10.0, 10.2])
+    v = compare(a, b, ("a", "b"), "<", None, value="v", paper_effect=effect)
+    assert v.status == UNDERPOWERED and "the paper's effect 2.1%" in v.sentence
+    assert compare(a, b, ("a", "b"), "<", None, value="v", paper_effect=0.5).status == INCONCLUSIVE

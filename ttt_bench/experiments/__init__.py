@@ -5,13 +5,14 @@ EXPERIMENTS lists them in the order `make reproduce` runs them and the claim tab
 a sweep config (conf/sweep/<name>.yaml), a module with an `Experiment` subclass, and a line here.
 """
 
-from . import budgets, latency, longrange, minibatch, mttt, recall, scaling, table1
+from . import budgets, latency, longrange, minibatch, mttt, recall, scaling, table1, units
 from .engine.experiment import Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in (
         budgets.EXPERIMENT,  # a row of the claim table across Table 1, Figure 8 and the scaling grid
+        units.EXPERIMENT,  # the paper's effects per byte, which the claims read their power against
         table1.EXPERIMENT,
         minibatch.EXPERIMENT,
         scaling.EXPERIMENT,

@@ -19,7 +19,7 @@ from ..io import write_atomic
 from ..models.ttt.dual_scan import ttt_linear_dual
 from ..training.checkpoint import load_checkpoint
 from ..training.evaluate import inner_losses as measure_inner_losses
-from . import mttt
+from . import mttt, units
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand, Section, read_csv
 from .engine.floors import drawn_floors, undertrained
@@ -350,14 +350,15 @@ class MiniBatch(Experiment):
 
     @property
     def claims(self) -> list[Claim]:
-        paper = self.sweep["paper_ppl"]
+        paper, role = self.sweep["paper_ppl"], self.sweep["data"]
         return [
             Claim("fig8.trend", "Figure 8", "Smaller TTT mini-batches give lower perplexity, over the whole "
                   "range of b.", minibatch_trend),
             Claim("fig8.b16", "Figure 8", "b = 16 is clearly better than b = T (batch GD).",
                   lambda r: compare(select(r.csv("minibatch"), mini_batch="16"),
                                     select(r.csv("minibatch"), mini_batch="T"), ("b=16", "b=T"), "<",
-                                    r.floors, f"; paper {paper[16]} vs {paper['T']}")),
+                                    r.floors, f"; paper {paper[16]} vs {paper['T']}",
+                                    paper_effect=units.paper_effect(r, role, paper[16], paper["T"]))),
             Claim("fig8.time", "Figure 8", "Dual-form forward time falls from b = 1 to b = 16 and rises "
                   "again at b = T.", dual_form_time),
             Claim("fig17.step", "Figures 5/17", "One inner GD step lowers the TTT loss: l(W_t; x_t) < "

@@ -170,7 +170,10 @@ def linear_floor(r, sweep: str) -> float | None:
     return float(floors.set_index("floor")["test_acc"].get(LINEAR_FLOOR, np.nan))
 
 
-def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
+def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = "", paper_gap: float | None = None):
+    """Config a's test accuracy against b's over seeds; `paper_gap`: the paper's difference in points, which
+    an inconclusive result whose MDE exceeds it could not have seen (underpowered)."""
+
     def judge(r) -> Verdict:
         df = finished_runs(r.csv(sweep))
         if df.empty:
@@ -178,8 +181,10 @@ def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = ""):
         df["test_acc_pct"] = df["test_accuracy"] * 100  # in %, as the paper's
         label = lambda c: str(df.loc[df["config"] == c, "label"].iloc[0]) if (df["config"] == c).any() else c
         rows = df[df["config"].isin([a, b])]
+        reference = rows.loc[rows["config"] == b, "test_acc_pct"]
+        effect = None if paper_gap is None or reference.empty else paper_gap / abs(reference.mean())
         v = compare(rows[rows["config"] == a], rows[rows["config"] == b], (label(a), label(b)), expect, None,
-                    paper=paper, value="test_acc_pct")
+                    paper=paper, value="test_acc_pct", paper_effect=effect)
         floor = linear_floor(r, sweep)
         below = [] if floor is None else rows.loc[rows["test_acc_pct"] <= floor, "run"].tolist()
         if below and v.status != MISSING:  # as the language models' bigram floor: under-trained runs
@@ -296,8 +301,10 @@ class MTTTTable(Experiment):
         out = []
         for claim_id, figure, sentence, a, b, expect in self.comparisons:
             pa, pb = self.paper_acc(a), self.paper_acc(b)
-            paper = "" if pa is None or pb is None else f" (paper: {pa:.1f} vs {pb:.1f})"
-            out.append(Claim(claim_id, figure, sentence, accuracy_claim(self.name, a, b, expect, paper)))
+            known = pa is not None and pb is not None
+            paper = f" (paper: {pa:.1f} vs {pb:.1f})" if known else ""
+            gap = abs(pa - pb) if known and expect != "=" else None
+            out.append(Claim(claim_id, figure, sentence, accuracy_claim(self.name, a, b, expect, paper, gap)))
         return out + [c(self) if callable(c) and not isinstance(c, Claim) else c for c in self.extra_claims]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import write_atomic
+from . import units
 from .engine.experiment import Experiment, Section, read_csv
 from .engine.floors import undertrained
 from .engine.plan import Run, configuration, data_overrides, merge
@@ -101,6 +102,10 @@ class Table1(Experiment):
     def steps(self) -> list[tuple[str, tuple[str, str, float, str]]]:
         """(claim key, (row, the row above it in our ladder, the paper's difference, expected sign)) of every
         step the paper reports: its difference from the nearest row above that the paper has."""
+        return [(key, step[:4]) for key, step in self.paper_steps()]
+
+    def paper_steps(self) -> list[tuple[str, tuple]]:
+        """`steps` with the two perplexities the paper's difference is of (the row's, the one above)."""
         rows, out, paper_above = [r["name"] for r in self.sweep["runs"]], [], None
         for above, row in zip([None, *rows], rows, strict=False):
             paper = self.paper_ppl.get(row)
@@ -108,8 +113,8 @@ class Table1(Experiment):
                 continue
             if paper_above is not None and row in STEP_CLAIMS:
                 diff = round(paper - paper_above, 2)
-                out.append((STEP_CLAIMS[row][0],
-                            (row, above, diff, "<" if diff < 0 else ">" if diff else "=")))
+                expect = "<" if diff < 0 else ">" if diff else "="
+                out.append((STEP_CLAIMS[row][0], (row, above, diff, expect, paper, paper_above)))
             paper_above = paper
         return out
 
@@ -132,11 +137,11 @@ class Table1(Experiment):
 
     @property
     def claims(self) -> list[Claim]:
-        steps = dict(self.steps())
+        steps, role = dict(self.steps()), self.sweep["data"]
         sentences = dict(STEP_CLAIMS.values())
         out = [Claim(f"table1.{key}", "Table 1", sentences[key].format(diff=f"{paper:+.2f}"),
-                     self.step_judge(row, above, paper, expect))
-               for key, (row, above, paper, expect) in steps.items()]
+                     self.step_judge(row, above, paper, expect, (role, ppl, ppl_above)))
+               for key, (row, above, paper, expect, ppl, ppl_above) in self.paper_steps()]
         p = self.paper_ppl
         return out + [
             Claim("table1.largest_gain", "Table 1",
@@ -147,15 +152,21 @@ class Table1(Experiment):
                   lambda r: compare(table1_row(r.csv("table1"), "mamba_backbone"),
                                     table1_row(r.csv("table1"), "linear_attention"),
                                     ("TTT-Linear (M)", "Linear attention [41]"), "<", r.floors,
-                                    f"; paper {p['mamba_backbone']:.2f} vs {p['linear_attention']:.2f}")),
+                                    f"; paper {p['mamba_backbone']:.2f} vs {p['linear_attention']:.2f}",
+                                    paper_effect=units.paper_effect(r, role, p["mamba_backbone"],
+                                                                    p["linear_attention"]))),
         ]
 
     @staticmethod
-    def step_judge(row: str, above: str, paper: float, expect: str):
+    def step_judge(row: str, above: str, paper: float, expect: str, paper_ppls: tuple):
+        """`paper_ppls`: (role, the paper's perplexity of the row, of the row above), for the paper's effect
+        per byte."""
         def judge(r) -> Verdict:
             reg = r.csv("table1")
+            effect = units.paper_effect(r, *paper_ppls) if expect != "=" else None
             return compare(table1_row(reg, row), table1_row(reg, above),
-                           (_label(reg, row), _label(reg, above)), expect, r.floors, f"; paper {paper:+.2f}")
+                           (_label(reg, row), _label(reg, above)), expect, r.floors, f"; paper {paper:+.2f}",
+                           paper_effect=effect)
 
         return judge
 

@@ -1,13 +1,17 @@
 """Claims and their verdicts: each experiment states the papers' claims as `Claim`s whose judge reads the
 committed results and returns a Verdict.
 
-A verdict is "holds", "does not hold", "inconclusive", "under-trained" or "not measured", with the
+A verdict is "holds", "does not hold", "inconclusive", "underpowered", "under-trained" or "not measured",
+with the
 sentence printed beside it (made from the same numbers, so it cannot contradict them). A difference whose
 95% interval over seeds contains 0 is "inconclusive" (one seed has no interval, so it is always
 inconclusive); arms that share their seeds are compared pair by pair (engine/stats.py). A comparison that
 uses a run that does not beat the byte-bigram floor of its validation text is "under-trained": such a model
-has not learned what the claim is about. Within one table or figure, the directional claims that hold or do
-not hold are corrected for multiplicity (Holm): one that is not significant after it is "inconclusive".
+has not learned what the claim is about. An inconclusive comparison whose minimum detectable effect (the
+interval's half-width) is larger than the paper's effect (relative to the reference, in the same units) is
+"underpowered": it could not have seen the paper's effect. Within one table or figure, the directional
+claims that hold or do not hold are corrected for multiplicity (Holm): one that is not significant after it
+is "inconclusive".
 """
 
 from collections.abc import Callable
@@ -19,8 +23,8 @@ from .floors import undertrained
 from .stats import ALPHA, difference, holm, mean_sd
 
 HOLDS, FAILS, INCONCLUSIVE, MISSING = "holds", "does not hold", "inconclusive", "not measured"
-UNDERTRAINED = "under-trained"
-STATUSES = (HOLDS, FAILS, INCONCLUSIVE, UNDERTRAINED, MISSING)
+UNDERTRAINED, UNDERPOWERED = "under-trained", "underpowered"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, UNDERPOWERED, UNDERTRAINED, MISSING)
 
 # "a = b" holds when the whole 95% interval of the difference lies within +-EQUIVALENCE_MARGIN of b's mean
 # (an equivalence test, as two one-sided tests at 2.5% each); an interval that merely contains 0 is no
@@ -70,9 +74,12 @@ def compare(
     floors,
     paper: str = "",
     value: str = "val_ppl",
+    paper_effect: float | None = None,
 ) -> Verdict:
     """Judge "a < b" (expect '<'), "a > b" ('>') or "a = b" ('=') on a value over seeds: paired by seed
-    where both arms ran the same seeds, else Welch."""
+    where both arms ran the same seeds, else Welch. `paper_effect`: the paper's effect relative to the
+    reference (a fraction of b's mean, in our units): an inconclusive result that could not have detected it
+    is underpowered."""
     if a.empty or b.empty:
         missing = " and ".join(n for n, d in zip(names, (a, b), strict=True) if d.empty)
         return Verdict(MISSING, f"no finished runs of {missing}")
@@ -93,6 +100,10 @@ def compare(
                f"({EQUIVALENCE_MARGIN:.0%} of {names[1]})")
     elif status == HOLDS and expect == "=":
         why = f"; within the equivalence margin +-{EQUIVALENCE_MARGIN * abs(b[value].mean()):.3g}"
+    elif status == INCONCLUSIVE and paper_effect is not None and d.mde > paper_effect * abs(b[value].mean()):
+        status = UNDERPOWERED
+        why = (f"; underpowered: the MDE is {d.mde / abs(b[value].mean()):.1%} of {names[1]}, the paper's "
+               f"effect {paper_effect:.1%}")
     elif status == INCONCLUSIVE:
         why = "; the difference is within the seed spread"
     sentence = (
@@ -104,6 +115,7 @@ def compare(
         "diff": d.mean,
         "ci": [d.lo, d.hi],
         "mde": d.mde,
+        "paper_effect": paper_effect,
         "paired": paired,
         "undertrained": under,
     }
@@ -118,7 +130,8 @@ def combine(verdicts: list[Verdict], names: list[str]) -> Verdict:
         return Verdict(MISSING, "no finished runs")
     statuses = [v.status for v in verdicts]
     status = (FAILS if FAILS in statuses else HOLDS if set(statuses) == {HOLDS}
-              else UNDERTRAINED if UNDERTRAINED in statuses else INCONCLUSIVE)
+              else UNDERTRAINED if UNDERTRAINED in statuses else UNDERPOWERED if UNDERPOWERED in statuses
+              else INCONCLUSIVE)
     sentence = "; ".join(f"{n}: {v.status} ({v.sentence})" for n, v in zip(names, verdicts, strict=True))
     numbers = {n: v.numbers for n, v in zip(names, verdicts, strict=True)}
     ps = [v.numbers.get("p") for v in verdicts if v.status == status]
