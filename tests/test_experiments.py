@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from ttt_bench.config import REPO_ROOT
-from ttt_bench.experiments import EXPERIMENTS, steps
+from ttt_bench.experiments import EXPERIMENTS, sweeps
 from ttt_bench.experiments.engine import runner
 from ttt_bench.experiments.engine.plan import configuration
 from ttt_bench.experiments.engine.registry import run_finished, write_registry
@@ -266,7 +266,7 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     reproduce.main(["--profile", "paper", "--data-dir", "/data", "--out", str(tmp_path),
                     "--runs", str(tmp_path / "runs")])
     assert sorted(trained) == sorted(zip(plan["folder"], plan["run"], plan["overrides"], strict=True))
-    assert set(plan["sweep"]) == set(steps()) - {"latency"} and len(plan) == len(trained)
+    assert set(plan["sweep"]) == set(sweeps()) and len(plan) == len(trained)
 
     assert set(plan["precision"]) == {"bf16-mixed"}
     lm = plan[plan["sweep"].isin(["table1", "minibatch", "scaling"])]
