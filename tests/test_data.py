@@ -59,6 +59,16 @@ def test_packing_puts_eos_between_documents_and_covers_every_token(tmp_path):
     assert ds[0].tolist() == [97, 98, 99, 256] and ds[1].tolist() == [256, 100, 101, 102]
 
 
+def test_validation_takes_the_configured_tokens_or_the_whole_split(tmp_path):
+    """Training evaluates on data.val_tokens; `ttt-bench eval max_tokens=null` (None) on the whole split."""
+    shard = write_shard(tmp_path / "t.jsonl.zst", [{"text": "x" * 400}, {"text": "y" * 400}])
+    dm = LMDataModule(LocalCorpus(train_files=shard, validation_files=shard), {"kind": "byte"}, seq_len=16,
+                      micro_batch_size=1, cache_dir=str(tmp_path / "cache"), val_tokens=64)
+    dm.prepare_data()
+    assert len(dm.val_dataset()) == 4 and len(dm.val_dataset(32)) == 2
+    assert len(dm.val_dataset(None)) == len(PackedSequences(np.asarray(dm.tokens["validation"]), 16)) > 4
+
+
 def test_token_cache_is_reused_and_keyed_by_tokenizer(tmp_path):
     corpus = SyntheticCorpus(train_docs=3, validation_docs=1, mean_doc_bytes=2000)
     dm = LMDataModule(corpus, {"kind": "byte"}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))

@@ -122,8 +122,10 @@ class LMDataModule(L.LightningDataModule):
     def train_dataset(self) -> PackedSequences:
         return PackedSequences(self.tokens["train"], self.seq_len)
 
-    def val_dataset(self, max_tokens: int | None = None) -> PackedSequences:
-        max_tokens = self.val_tokens if max_tokens is None else max_tokens
+    def val_dataset(self, max_tokens: int | None = ...) -> PackedSequences:
+        """The validation split's first `max_tokens` tokens as sequences (None: the whole split; left out:
+        data.val_tokens, what training evaluates on)."""
+        max_tokens = self.val_tokens if max_tokens is ... else max_tokens
         max_seqs = max(1, max_tokens // self.seq_len) if max_tokens else None
         return PackedSequences(self.tokens["validation"], self.seq_len, max_seqs)
 

@@ -284,9 +284,11 @@ class MQARDataModule(L.LightningDataModule):
         self.prepare_data()
         return MQARSequences(*self.data["train"])
 
-    def val_dataset(self, max_tokens: int | None = None) -> MQARSequences:
+    def val_dataset(self, max_tokens: int | None = ...) -> MQARSequences:
+        """The validation sequences holding the first `max_tokens` tokens (None: all; left out:
+        data.val_tokens)."""
         self.prepare_data()
-        max_tokens = self.val_tokens if max_tokens is None else max_tokens
+        max_tokens = self.val_tokens if max_tokens is ... else max_tokens
         max_sequences = max(1, max_tokens // self.seq_len) if max_tokens else None
         return MQARSequences(*self.data["validation"], max_sequences)
 
