@@ -179,56 +179,40 @@ class Stage:
 
 
 def kernel_rows(device, dry: bool) -> list[dict]:
-    """The Triton kernels against the PyTorch implementations in float64, through kernel_check's comparison
-    (_compare, asked for every tensor's error with tolerance 0): one row per kernel, precision, head size."""
+    """The Triton kernels against the PyTorch implementations in float64, on kernel_check's cases and
+    errors: one row per kernel, precision, head size."""
     import torch
 
     from ttt_bench.kernels import ttt_linear
-    from ttt_bench.models.ttt import dual_scan, kernel_check
-    from ttt_bench.models.ttt.triton_decode import decode_reference, ttt_linear_decode
-
-    def errors(name, kernel, reference, inputs, seed):
-        try:
-            found = kernel_check._compare(name, kernel, reference, inputs, seed=seed, tolerance=0.0)
-        except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed row)
-            lines = str(e).strip().splitlines()
-            return None, f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
-        # "NAME KIND I: ERR" for every tensor off by more than 0 (exact matches are not listed: error 0)
-        return {s.rsplit(": ", 1)[0].removeprefix(name + " "): float(s.rsplit(": ", 1)[1]) for s in found}, ""
+    from ttt_bench.models.ttt import kernel_check
 
     double = lambda fn: lambda *x: fn(*[t.double() for t in x])
     rows = []
     for f in HEAD_SIZES:
-        inputs = kernel_check._inputs(device, B=1, H=2, N=2, b=16, f=f, seed=f)
-        why = ttt_linear.why_not(inputs[0], inputs[5], inputs[6])
-        XQ, XK, XV, eta, W, b, ln_w, ln_b = inputs
-        tok = lambda t: t[:, :, 0, :1].contiguous()
-        te = torch.tensor(0.5, device=device)  # decode inputs as kernel_check.compare_kernels builds them
-        decode = [tok(XQ), tok(XK), tok(XV), eta[:, :, 0, 0, 0].contiguous(), te, W, b, 0.1 * W, 0.1 * b,
-                  ln_w, ln_b]
-        cases = [(f"dual/{p}", p, lambda *x, p=p: ttt_linear.ttt_linear_dual(*x, precision=p),
-                  double(dual_scan.ttt_linear_dual), inputs,
-                  kernel_check.TF32_TOLERANCE if p == "tf32" else kernel_check.TOLERANCE)
-                 for p in ttt_linear.PRECISIONS]
-        cases.append(("decode", "ieee", ttt_linear_decode, double(decode_reference), decode,
-                      kernel_check.TOLERANCE))
-        for name, precision, kernel, reference, args, tol in cases:
-            row = dict(kernel=name, precision=precision, head_size=f, device=str(device),
+        for case in kernel_check.kernel_cases(device, f, seed=f):
+            name, precision, kernel, reference, inputs, seed, tol = case
+            kernel_name = name if name == "decode" else f"dual/{precision}"  # "dual" is kernel_check's ieee
+            row = dict(kernel=kernel_name, precision=precision, head_size=f, device=str(device),
                        interpreter=os.environ.get("TRITON_INTERPRET") == "1", tolerance=tol)
-            if why:
+            dual = kernel_check._inputs(device, f=f)  # the dual form's domain decides for both kernels
+            if why := ttt_linear.why_not(dual[0], dual[5], dual[6]):
                 rows.append({**row, "status": "unsupported", "note": f"PyTorch path: {why}"})
                 continue
-            errs, failure = errors(name, kernel, reference, args, seed=f)
-            if errs is None:
+            try:
+                with torch.autocast(torch.device(device).type, enabled=False), torch.enable_grad():
+                    errs = kernel_check.kernel_errors(kernel, double(reference), inputs, seed)
+            except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed row)
+                lines = str(e).strip().splitlines()
+                failure = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
                 rows.append({**row, "status": "error", "note": failure})
                 continue
-            worst_name, worst = max(errs.items(), key=lambda kv: kv[1], default=("-", 0.0))
+            worst_name, worst = max(errs.items(), key=lambda kv: kv[1])
             out_err = max([v for k, v in errs.items() if k.startswith("output")], default=0.0)
             grad_err = max([v for k, v in errs.items() if k.startswith("grad")], default=0.0)
             ok = all(math.isfinite(v) and v <= tol for v in errs.values())
             note = "interpreter: tf32 not emulated (exact matmuls)" if dry and precision == "tf32" else ""
             rows.append({**row, "status": "pass" if ok else "FAIL", "max_output_err": out_err,
-                         "max_grad_err": grad_err, "worst": f"{worst_name} {worst:.1e}", "note": note})
+                         "max_grad_err": grad_err, "worst": f"{name} {worst_name} {worst:.1e}", "note": note})
     return rows
 
 

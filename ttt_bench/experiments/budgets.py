@@ -53,9 +53,6 @@ class Budgets(Experiment):
     name = "budgets"
     trains = False
 
-    def stages(self, profile: str, data_dir: str | None) -> list:
-        return []
-
     @property
     def claims(self) -> list[Claim]:
         return [Claim("budgets", "Budgets", "Calibration (not a claim of the paper): every model of Table 1, "

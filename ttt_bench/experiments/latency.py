@@ -90,9 +90,6 @@ class Latency(Experiment):
         ["Figures 3/15"],
     )
 
-    def stages(self, profile: str, data_dir: str | None) -> list:
-        return []
-
     def run_step(self, ctx) -> None:
         """The benchmark in a process of its own, into the step folder."""
         if ctx.profile not in PROFILES:

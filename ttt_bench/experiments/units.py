@@ -60,9 +60,6 @@ class Units(Experiment):
         [],
     )
 
-    def stages(self, profile: str, data_dir: str | None) -> list:
-        return []
-
     def run_step(self, ctx) -> None:
         """The real corpora's units; the synthetic corpus stands in for no text the paper measured."""
         if ctx.data_dir is None:

@@ -75,8 +75,8 @@ class Experiment:
     def stages(self, profile: str, data_dir: str | None) -> list[tuple[str, dict[str, Run]]]:
         """(folder, runs) of every sweep folder the experiment trains, in order, as planned up front (the
         pipeline's progress; an experiment whose later stage depends on an earlier one plans it with
-        placeholders)."""
-        return [(self.name, self.plan(profile, data_dir))]
+        placeholders); none for an experiment that trains nothing."""
+        return [(self.name, self.plan(profile, data_dir))] if self.trains else []
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True) -> Trained:

@@ -130,7 +130,7 @@ def value(overrides: list[str], key: str) -> int:
     return int([o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")][-1])
 
 
-def identity(overrides) -> tuple[str, ...]:
+def seedless(overrides) -> tuple[str, ...]:
     """What sets a run's model and cost: its overrides without the seed and logging switches (the key runs
     of several seeds share a composition by)."""
     return tuple(o for o in overrides if not o.startswith(SEEDLESS))
@@ -150,5 +150,5 @@ def composed_model(overrides: list[str]) -> tuple[dict, int]:
     """The resolved model config and context of a run (the seed sets neither)."""
     from omegaconf import OmegaConf
 
-    cfg = _compose(identity(overrides))
+    cfg = _compose(seedless(overrides))
     return OmegaConf.to_container(cfg.model, resolve=True), int(cfg.data.seq_len)

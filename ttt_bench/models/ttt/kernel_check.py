@@ -116,10 +116,10 @@ def _flat(out) -> list[torch.Tensor]:
     return [t for o in out for t in _flat(o)]
 
 
-def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int,
-             tolerance: float = TOLERANCE) -> list[str]:
+def kernel_errors(kernel, reference, inputs: list[torch.Tensor], seed: int) -> dict[str, float]:
     """Outputs of kernel(*inputs) and reference(*inputs), then the gradients of every input under the same
-    random cotangents: the names of the tensors further apart than `tolerance` (with their error)."""
+    random cotangents: each tensor's largest error over the reference's largest entry ("output 0",
+    "grad 3", ...)."""
     grads, outs = [], []
     g = torch.Generator().manual_seed(seed)
     cotangents = None
@@ -130,33 +130,37 @@ def _compare(name: str, kernel, reference, inputs: list[torch.Tensor], seed: int
         torch.autograd.backward(out, cotangents)
         outs.append([o.detach() for o in out])
         grads.append([t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves])
-    bad = []
-    for kind, (ours, ref) in (("output", outs), ("grad", grads)):
-        for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
-            err = _rel_err(a, b)
-            if not err <= tolerance:  # NaN included
-                bad.append(f"{name} {kind} {i}: {err:.1e}")
-    return bad
+    return {f"{kind} {i}": _rel_err(a, b) for kind, (ours, ref) in (("output", outs), ("grad", grads))
+            for i, (a, b) in enumerate(zip(ours, ref, strict=True))}
+
+
+def kernel_cases(device, f: int = 16, seed: int = 0) -> list[tuple]:
+    """(name, precision, kernel, PyTorch reference, inputs, seed, tolerance) of every kernel the layer can
+    select, on random inputs at head size f: the dual form in ieee and tf32 matmuls, and the decode step
+    (one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a scalar)."""
+    from ...kernels import ttt_linear  # needs triton; its kernel looked up at each check (tests replace it)
+
+    dual = _inputs(device, f=f, seed=seed)
+    XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
+    tok = lambda t: t[:, :, 0, :1].contiguous()
+    lr, te = eta[:, :, 0, 0, 0].contiguous(), torch.tensor(0.5, device=device)
+    decode = [tok(XQ), tok(XK), tok(XV), lr, te, W, b, 0.1 * W, 0.1 * b, ln_w, ln_b]
+    tf32 = lambda *args: ttt_linear.ttt_linear_dual(*args, precision="tf32")
+    reference = dual_scan.ttt_linear_dual
+    return [("dual", "ieee", ttt_linear.ttt_linear_dual, reference, dual, seed + 1, TOLERANCE),
+            ("dual/tf32", "tf32", tf32, reference, dual, seed + 1, TF32_TOLERANCE),
+            ("decode", "ieee", ttt_linear_decode, decode_reference, decode, seed + 2, TOLERANCE)]
 
 
 def compare_kernels(device: torch.device) -> dict:
     """Run the Triton kernels against PyTorch on `device`: {"ok", "detail"}; a kernel that fails to compile
     or run is a failed check with the error's first line."""
-    from ...kernels import ttt_linear  # needs triton; its kernel looked up at each check (tests replace it)
-
     try:
         with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
-            dual = _inputs(device)
-            bad = _compare("dual", ttt_linear.ttt_linear_dual, dual_scan.ttt_linear_dual, dual, seed=1)
-            tf32 = lambda *args: ttt_linear.ttt_linear_dual(*args, precision="tf32")
-            bad += _compare("dual/tf32", tf32, dual_scan.ttt_linear_dual, dual, seed=1,
-                            tolerance=TF32_TOLERANCE)
-            # decode: one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a scalar
-            XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
-            tok = lambda t: t[:, :, 0, :1].contiguous()
-            lr, te = eta[:, :, 0, 0, 0].contiguous(), torch.tensor(0.5, device=device)
-            decode = [tok(XQ), tok(XK), tok(XV), lr, te, W, b, 0.1 * W, 0.1 * b, ln_w, ln_b]
-            bad += _compare("decode", ttt_linear_decode, decode_reference, decode, seed=2)
+            bad = [f"{name} {tensor}: {err:.1e}"
+                   for name, _, kernel, reference, inputs, seed, tolerance in kernel_cases(device)
+                   for tensor, err in kernel_errors(kernel, reference, inputs, seed).items()
+                   if not err <= tolerance]  # NaN included
     except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed check)
         lines = str(e).strip().splitlines()
         return {"ok": False, "detail": f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]}
