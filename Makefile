@@ -9,7 +9,7 @@ JOBS ?= 2
 DATA_DIR ?=
 EXTRAS ?= dev
 
-.PHONY: setup test reproduce bench lint clean gpu-campaign
+.PHONY: setup test reproduce bench lint clean gpu-campaign wheelhouse mamba-sources mamba-wheels
 
 # The pinned torch goes in first: on CPU machines it is the local CPU wheel; an unpinned torch
 # would pull several GB of CUDA packages.
@@ -48,6 +48,33 @@ FORCE ?=
 DRY ?=
 gpu-campaign: setup
 	$(PY) -m ttt_bench.campaign --stage $(STAGE) --out $(OUT) $(if $(FORCE),--force) $(if $(DRY),--dry)
+
+# Offline GPU nodes (docs/offline.md). On a machine with internet, every wheel the toolkit needs beyond a
+# GPU image's base stack (torch, triton, lightning, numpy, pandas, matplotlib), for the node's Python (PY)
+# and wheel platform (PLATFORM), default this machine's, with a MANIFEST.txt that says how to install it:
+#   make wheelhouse PY=3.12 PLATFORM=manylinux_2_28_x86_64 WHEELHOUSE=wheelhouse [WHEEL_EXTRAS=slurm]
+# PY here names the node's Python version: the recipes run $(VENV)/bin/python all the same.
+WHEELHOUSE ?= wheelhouse
+PLATFORM ?=
+WHEEL_EXTRAS ?=
+WHEEL_PY := $(if $(filter command line,$(origin PY)),$(PY))
+WHEEL_TARGET = $(if $(WHEEL_PY),--python $(WHEEL_PY)) $(if $(PLATFORM),--platform $(PLATFORM))
+wheelhouse mamba-sources: override PY := $(VENV)/bin/python
+wheelhouse: setup
+	$(PY) -m ttt_bench.wheelhouse $(WHEEL_TARGET) --out $(WHEELHOUSE) $(if $(WHEEL_EXTRAS),--extras $(WHEEL_EXTRAS))
+
+# mamba-ssm and causal-conv1d (the cuda extra) have only sources on PyPI and compile against the node's
+# torch. mamba-sources (online): their sources into WHEELHOUSE/src and the wheels they need into WHEELHOUSE.
+# mamba-wheels: where nvcc and the node's CUDA torch (NODE_PYTHON) are, their wheels for CUDA_ARCH (getting
+# the sources first where they are missing), e.g. make mamba-wheels CUDA_ARCH=9.0 WHEELHOUSE=wheelhouse
+CUDA_ARCH ?= 9.0
+NODE_PYTHON ?= python3
+mamba-sources: setup
+	$(PY) -m ttt_bench.wheelhouse --step mamba-sources $(WHEEL_TARGET) --out $(WHEELHOUSE)
+
+mamba-wheels:
+	$(if $(wildcard $(WHEELHOUSE)/src/*.tar.gz),,$(MAKE) mamba-sources)
+	$(NODE_PYTHON) -m ttt_bench.wheelhouse --step mamba-wheels --cuda-arch $(CUDA_ARCH) --out $(WHEELHOUSE)
 
 clean:
 	rm -rf $(VENV) runs .cache

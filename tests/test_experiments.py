@@ -44,7 +44,8 @@ def require_models():
 def test_plans_reference_model_configs_seeds_and_match_flops():
     require_models()
     t1 = EXPERIMENTS["table1"].plan("paper")
-    assert len(t1) == 12 and "model=ttt_linear" in t1["10-mamba_backbone-s0"].overrides
+    etas = EXPERIMENTS["table1"].sweep["profiles"]["paper"]["etas"]
+    assert len(t1) == 13 + len(etas) and "model=ttt_linear" in t1["11-mamba_backbone-s0"].overrides
     mb = EXPERIMENTS["minibatch"].plan("cpu")
     seeds = EXPERIMENTS["minibatch"].seeds("cpu")
     assert (seeds >= 3 and len(mb) == 5 * seeds and mb["bT-s2"].config == "bT"
@@ -107,32 +108,37 @@ def test_table1_markdown_has_means_diffs_floors_and_undertrained_marks():
             "status": ["finished"] * 5,
         }
     )
-    floors = pd.DataFrame({"floor": ["unigram", "bigram"], "val_ppl": [27.0, 14.0]})
+    floors = pd.DataFrame({"floor": ["unigram", "3-gram (Witten-Bell)"], "val_ppl": [27.0, 14.0]})
     _, md = table1_markdown(reg, floors)
     assert "| A | 15.00 +- 0.00 (under-trained) | - | 2 | 15.91 | - |" in md
     assert "| B | 9.10 +- 0.14 | -5.90 | 2 | 15.23 | -0.68 |" in md
-    assert "*Transformer++ (reference)* | 8.00 |" in md and "| *bigram floor* | 14.00 |" in md
+    assert "*Transformer++ (reference)* | 8.00 |" in md and "| *3-gram (Witten-Bell) floor* | 14.00 |" in md
+    se = reg.assign(val_loss_se=[0.01, 0.03, 0.0, 0.0, 0.02])  # the evaluation's error over documents
+    _, md = table1_markdown(se, floors)
+    assert "| B | 9.10 +- 0.14 | -5.90 | 0.18 | 2 | 15.23 | -0.68 |" in md  # mean of 9.0 x 0.01, 9.2 x 0.03
 
 
 
 def test_a_sweep_table_judges_each_row_against_the_floor_of_its_own_text_and_context():
     """The scaling table holds Pile and Books rows at several contexts: each row is marked under-trained
-    against the bigram floor of the text and context it was validated on, and each floor row says which."""
+    against the 3-gram floor of the text and context it was validated on, and each floor row says which."""
     from ttt_bench.experiments.engine.tables import summary_table
 
     reg = pd.DataFrame({"run": ["p", "b"], "config": ["p", "b"], "role": ["pile", "books"],
                         "seq_len": [256, 1024], "label": ["TTT", "TTT"], "val_ppl": [12.0, 12.0],
                         "status": ["finished"] * 2})
-    floors = pd.DataFrame({"role": ["pile", "books"], "seq_len": [256, 1024], "floor": ["bigram", "bigram"],
-                           "val_ppl": [14.0, 11.0]})
+    floors = pd.DataFrame({"role": ["pile", "books"], "seq_len": [256, 1024],
+                           "floor": ["3-gram (Witten-Bell)"] * 2, "val_ppl": [14.0, 11.0]})
     md = summary_table(reg, ["role", "seq_len", "label"], floors)
     assert "| pile | 256 | TTT | 12.00 | 1 |" in md
     assert "| books | 1024 | TTT | 12.00 (under-trained) | 1 |" in md
-    assert "| books | 1024 | *bigram floor* | 11.00 |  |" in md
+    assert "| books | 1024 | *3-gram (Witten-Bell) floor* | 11.00 |  |" in md
 
 def test_time_w_and_z_splits_forward_time():
-    df = time_w_and_z([1, 4, "T"], batch=1, heads=2, head_dim=8, seq_len=16, repeats=1)
-    assert list(df["mini_batch"]) == [1, 4, 16] and (df[["w_ms", "total_ms"]] > 0).all().all()
+    df = time_w_and_z([1, 4, "T", 32], batch=1, heads=2, head_dim=8, seq_len=16, repeats=1)
+    assert list(df["mini_batch"]) == [1, 4, 16] and (df[["w_ms", "total_ms"]] > 0).all().all()  # 32 > T
+    long = time_w_and_z(["T"], batch=1, heads=2, head_dim=8, seq_len=128, repeats=1)  # the batch-GD path
+    assert list(long["mini_batch"]) == [128] and (long[["w_ms", "total_ms"]] > 0).all().all()
 
 
 def test_lower_hull_and_figures(tmp_path):

@@ -120,3 +120,52 @@ def test_doctor_reports_the_machine_and_each_models_kernel_path(capsys, monkeypa
     else:
         assert lines["CUDA"].startswith("CUDA: not available")
         assert "PyTorch dual form" in paths["ttt_linear"] and "CUDA-only" in paths["ttt_linear"]
+
+
+# -- the kernel check's verdicts -----------------------------------------------------------------------------
+
+CUDA0 = torch.device("cuda", 0)  # only its name is read, and that is monkeypatched
+
+
+@pytest.fixture
+def checks(monkeypatch, tmp_path):
+    """An empty cache, a GPU named "Test GPU", and a comparison of the kernels that returns `checks.result`
+    and counts its calls; `checks.new_process()` forgets this process's verdicts."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(kernel_check, "device_name", lambda device: "Test GPU")
+    state = SimpleNamespace(calls=0, result={"ok": False, "detail": "dual output 0: 1.0e+00"},
+                            cache=tmp_path / "ttt-bench" / "kernel_check.json",
+                            new_process=lambda: monkeypatch.setattr(kernel_check, "_verdicts", {}))
+
+    def compare(device):
+        state.calls += 1
+        return dict(state.result)
+
+    monkeypatch.setattr(kernel_check, "compare_kernels", compare)
+    state.new_process()
+    return state
+
+
+def test_a_failed_kernel_check_is_recorded_but_the_next_process_checks_again(checks):
+    with pytest.warns(RuntimeWarning, match="rejected on Test GPU.*The next process checks again"):
+        assert not kernel_check.verdict(CUDA0)["ok"]
+        assert not kernel_check.verdict(CUDA0)["ok"] and checks.calls == 1  # once per process
+    (recorded,) = json.loads(checks.cache.read_text()).values()
+    assert not recorded["ok"] and recorded["code"] == kernel_check.code_version()
+    checks.new_process()
+    checks.result = {"ok": True, "detail": "within tolerance"}  # e.g. a transient failure, or a new install
+    assert kernel_check.verdict(CUDA0)["ok"] and checks.calls == 2
+    checks.new_process()
+    assert kernel_check.verdict(CUDA0)["ok"] and checks.calls == 2  # a pass is kept
+
+
+def test_a_passing_verdict_is_checked_again_with_a_new_driver_or_kernel_code(checks, monkeypatch):
+    checks.result = {"ok": True, "detail": "within tolerance"}
+    assert kernel_check.verdict(CUDA0)["ok"] and checks.calls == 1
+    for stamp, value in (("driver_version", "999.99"), ("code_version", "another kernel")):
+        checks.new_process()
+        monkeypatch.setattr(kernel_check, stamp, lambda value=value: value)
+        assert kernel_check.verdict(CUDA0)["ok"]
+    assert checks.calls == 3
+    checks.new_process()
+    assert kernel_check.verdict(CUDA0)["ok"] and checks.calls == 3

@@ -74,7 +74,35 @@ def test_last_row_is_ttt_linear_and_references_share_the_budget(ladder):
     assert last == resolved([*base, "model=ttt_linear"])["model"]
     for ref in ("transformer-s0", "mamba-s0"):
         assert [o for o in runs[ref].overrides if not o.startswith("model")] == base
-    assert len(runs) == (len(ladder) + 2) * TABLE1.seeds("cpu")
+    profile = TABLE1.sweep["profiles"]["cpu"]
+    assert len(runs) == (len(ladder) + 2) * TABLE1.seeds("cpu") + len(profile["etas"]) * profile["eta_seeds"]
+
+
+def test_the_eta_sweep_changes_only_the_step_size_of_its_row(ladder):
+    """eta-<eta> is the mini-batch row with eta_base = eta * head_dim, nothing else."""
+    runs = TABLE1.plan("cpu")
+    row = next(r for r in ladder if r.config.endswith("-minibatch"))
+    a = flat(resolved(row.overrides))
+    for eta in TABLE1.sweep["profiles"]["cpu"]["etas"]:
+        b = flat(resolved(runs[f"eta-{eta:g}-s0"].overrides))
+        assert {k for k in a if a[k] != b.get(k)} == {"model.block.eta_base"}
+        assert b["model.block.eta_base"] / (b["size.d_model"] // b["size.n_heads"]) == eta
+
+
+def test_learnable_eta_starts_where_the_fixed_row_was(ladder):
+    """The step-size rows change one thing each: '+ learnable eta' makes eta learnable at about the value of
+    the row above at initialisation (eta_base sigmoid(~0) ~ the authors' fixed 0.5), and the authors' scale
+    row moves Theorem 1's eta = 1 to 1 / (2 head_dim)."""
+    names = [r.config.split("-", 1)[1] for r in ladder]
+    fixed, learnable = (build(ladder[names.index(n)]) for n in ("minibatch", "learnable_eta"))
+    x = torch.randn(2, 16, 64)  # size xs: d_model 64
+    lrs = [m.blocks[0].ttt.inner_lr(x) for m in (fixed, learnable)]
+    ratio = lrs[1] / lrs[0]  # theta_lr starts near 0 (normal, std 0.02, as the authors'): sigmoid ~ 1/2
+    assert abs(ratio.mean().item() - 1) < 0.05 and torch.allclose(lrs[1], lrs[0], rtol=0.3)
+    theorem, authors = (build(ladder[names.index(n)]).blocks[0].ttt
+                        for n in ("ttt_equivalence", "authors_eta"))
+    assert theorem.inner_lr(x).unique().tolist() == [1.0]
+    assert authors.inner_lr(x).unique().tolist() == [0.5 / authors.head_dim]
 
 
 def test_the_equivalent_rows_train_the_same_way(ladder):

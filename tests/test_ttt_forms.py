@@ -67,8 +67,8 @@ def test_primal_equals_dual_outputs_and_gradients(seed):
 @pytest.mark.parametrize("learner", ["linear", "mlp"])
 @pytest.mark.parametrize("ln_residual", [True, False])
 @pytest.mark.parametrize(
-    "mini_batch_size,T", [(1, 7), (4, 11), (16, 16)]
-)  # online GD, mini-batch GD, batch GD
+    "mini_batch_size,T", [(1, 7), (4, 11), (16, 16), (128, 128)]
+)  # online GD, mini-batch GD, batch GD (at 128: TTT-Linear's chunked batch-GD path)
 def test_dual_equals_naive_per_token_loop(learner, ln_residual, mini_batch_size, T):
     torch.manual_seed(0)
     H, f, B = 2, 4, 2
@@ -241,6 +241,31 @@ def test_gradient_checkpointing_through_time_halves_activation_memory_at_4k():
           f"{peak_full} and {peak_ckpt}")
     assert act_full >= 2 * act_ckpt, (act_full, act_ckpt)
     assert peak_full > peak_ckpt, (peak_full, peak_ckpt)
+
+
+@pytest.mark.parametrize("T,chunk", [(96, 32), (50, 16)])  # 50: not a multiple of the chunk, one piece
+@pytest.mark.parametrize("bias,ln", [(True, True), (False, False), (True, False)])
+def test_chunked_batch_gd_equals_the_reference_dual_step(T, chunk, bias, ln):
+    """dual_scan.ttt_linear_batch_gd (b = T, chunked) against forms.dual_step with eta[t, s] =
+    token_eta[t] lr[s]: outputs, final weights and the gradients of every input, in float64."""
+    from ttt_bench.models.ttt import forms
+
+    torch.manual_seed(T + chunk)
+    B, H, f = 2, 3, 4
+    leaf = lambda *s: torch.randn(*s, dtype=torch.float64, requires_grad=True)
+    XQ, XK, XV, W = leaf(B, H, T, f), leaf(B, H, T, f), leaf(B, H, T, f), leaf(B, H, f, f)
+    b = leaf(B, H, 1, f) if bias else None
+    lns = (leaf(H, 1, f), leaf(H, 1, f)) if ln else None
+    te = (1 / torch.arange(1.0, T + 1, dtype=torch.float64)).requires_grad_()
+    lr = torch.rand(B, H, T, dtype=torch.float64).requires_grad_()
+    Z, W_T, b_T = dual_scan.ttt_linear_batch_gd(XQ, XK, XV, te, lr, W, b, lns, chunk=chunk)
+    Z_ref, (W_ref, b_ref) = forms.dual_step((W, b), XQ, XK, XV, te[:, None] * lr[..., None, :], lns)
+    assert rel_err(Z, Z_ref) <= 1e-12 and rel_err(W_T, W_ref) <= 1e-12
+    inputs = [t for t in (XQ, XK, XV, W, b, te, lr, *(lns or ())) if t is not None]
+    loss = lambda z, w: (z * torch.cos(z)).sum() + w.square().sum()
+    grads, grads_ref = (torch.autograd.grad(loss(z, w), inputs) for z, w in ((Z, W_T), (Z_ref, W_ref)))
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        assert rel_err(g, g_ref) <= 1e-10
 
 
 def test_theorem_1_linear_learner_batch_gd_is_linear_attention():

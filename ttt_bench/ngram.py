@@ -17,7 +17,8 @@ split is one token stream (documents joined by EOS); on validation, every positi
 one token of history is predicted, EOS included, and a model of order k uses only the history inside
 its evaluation sequence: with `seq_len` L, the stream is cut like `PackedSequences` (sequence i =
 val[i*L : i*L+L+1], positions 1..L predicted), so the first positions of a sequence use the lower orders
-their short history allows. Without `seq_len`, val[1:] is predicted, each token given all of val before
+their short history allows; `floors_for` passes the validation windows end to end with their own history
+(data/windows.py). Without `seq_len`, val[1:] is predicted, each token given all of val before
 it. Perplexity = exp(mean negative log-likelihood, natural log) over the predicted positions.
 
 Counting is vectorised: an n-gram is the integer sum t_i V^(k-1-i) (oldest token most significant, so a
@@ -135,10 +136,11 @@ def _history(n: int, seq_len: int | None) -> np.ndarray:
 
 
 def ngram_perplexities(train: np.ndarray, val: np.ndarray, vocab_size: int, orders=DEFAULT_ORDERS,
-                       seq_len: int | None = None) -> dict[str, float]:
+                       seq_len: int | None = None, history: np.ndarray | None = None) -> dict[str, float]:
     """Validation perplexity of each model in `orders` (1: add-one unigram, k >= 2: interpolated
     Witten-Bell k-gram) fitted on `train`; see the module docstring for the convention. With `seq_len`,
-    history resets every seq_len tokens as in `PackedSequences` (val should hold n*seq_len + 1 tokens)."""
+    history resets every seq_len tokens as in `PackedSequences` (val should hold n*seq_len + 1 tokens);
+    `history` gives each position's history instead (0: not predicted), e.g. windows' `stream()`."""
     kmax = max_order(vocab_size)
     if max(orders) > kmax:
         log.warning("n-gram orders above %d overflow int64 codes for vocab_size %d: using order %d",
@@ -147,7 +149,7 @@ def ngram_perplexities(train: np.ndarray, val: np.ndarray, vocab_size: int, orde
     if len(val) < 2:
         raise ValueError("the validation stream needs at least 2 tokens")
     model = NgramCounts(train, vocab_size, max(orders))
-    history = _history(len(val), seq_len)
+    history = _history(len(val), seq_len) if history is None else np.asarray(history)
     probs = model.probs(val, history)
     predicted = history > 0
     return {model_name(k): float(np.exp(-np.mean(np.log(probs[k][predicted])))) for k in orders}
@@ -155,8 +157,8 @@ def ngram_perplexities(train: np.ndarray, val: np.ndarray, vocab_size: int, orde
 
 def floors_for(cfg, orders=DEFAULT_ORDERS) -> dict[str, float]:
     """N-gram floors on exactly the validation tokens a model trained with `cfg` (a composed train config)
-    is evaluated on: `dm.val_dataset()`'s sequences, history reset at each sequence start. Cached as JSON
-    under <cfg.data.cache_dir>/ngram/, keyed by the token cache, seq_len, sequence count and orders."""
+    is evaluated on: `dm.val_dataset()`'s windows, history reset at each window's start. Cached as JSON
+    under <cfg.data.cache_dir>/ngram/, keyed by the token cache, seq_len, the windows and orders."""
     import hydra
 
     from .data.token_cache import cache_key
@@ -167,17 +169,18 @@ def floors_for(cfg, orders=DEFAULT_ORDERS) -> dict[str, float]:
     val_ds = dm.val_dataset()
     seq_len, n_seqs = val_ds.seq_len, len(val_ds)
     spec = {"tokens": cache_key(dm.corpus, dm.build_tokenizer()), "seq_len": seq_len,
-            "val_sequences": n_seqs, "orders": sorted(int(k) for k in orders), "format": FORMAT_VERSION}
+            "val_sequences": n_seqs, "windows": fingerprint({"starts": val_ds.starts.tolist()}),
+            "orders": sorted(int(k) for k in orders), "format": FORMAT_VERSION}
     path = Path(cfg.data.cache_dir) / "ngram" / f"{fingerprint(spec)}.json"
     try:
         return json.loads(path.read_text())["perplexities"]
     except (OSError, ValueError, KeyError):
         pass
-    train, val = dm.tokens["train"], dm.tokens["validation"][: n_seqs * seq_len + 1]
+    train, (val, history) = dm.tokens["train"], val_ds.stream()
     log.info("computing n-gram floors (orders %s) for %s: %d train tokens, %d validation sequences of %d",
              spec["orders"], dm.name, len(train), n_seqs, seq_len)
     start = time.perf_counter()
-    ppl = ngram_perplexities(train, val, dm.vocab_size, orders, seq_len)
+    ppl = ngram_perplexities(train, val, dm.vocab_size, orders, history=history)
     seconds = time.perf_counter() - start
     log.info("n-gram floors for %s in %.1f s: %s", dm.name, seconds,
              ", ".join(f"{k} {v:.3f}" for k, v in ppl.items()))

@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--jobs must be at least 1, got {a.jobs}")
     if unknown := set(chosen) - set(all_steps):
         p.error(f"unknown step(s) {', '.join(sorted(unknown))}; use {','.join(all_steps)}")
+    left_out = {name: why for name in chosen if (why := EXPERIMENTS[name].left_out(a.profile))}
+    if left_out and a.steps != p.get_default("steps"):
+        p.error("; ".join(f"{name} is not in the {a.profile} profile: {why}"
+                          for name, why in left_out.items()))
+    chosen = [name for name in chosen if name not in left_out]
     if a.profile == "paper" and not torch.cuda.is_available():
         print_paper_plan(a.data_dir)
         return

@@ -3,7 +3,9 @@ fingerprint that changes whenever its content could (used to key the token cache
 
 - `SyntheticCorpus`: the embedded default (see synthetic.py).
 - `LocalCorpus`: files on disk in the Pile's format (`.jsonl.zst` / `.jsonl` lines of
-  `{"text", "meta": {"pile_set_name"}}`) or plain `.txt` files, chosen by globs.
+  `{"text", "meta": {"pile_set_name"}}`) or plain `.txt` files, chosen by globs. Each of its train files is
+  also a `Shard`, a corpus of its own with a fingerprint of its own, so that the token cache can tokenize the
+  train files one by one and only as many as a run needs (token_cache.py).
 - `HubCorpus`: any Hugging Face hub dataset by name (e.g. PG-19), when online.
 """
 
@@ -27,6 +29,7 @@ class ReadStats:
     """What reading a corpus skipped or repaired; reported, never silent."""
 
     documents: int = 0
+    held_out: int = 0  # documents of the other split (a corpus without validation files: val_fraction)
     filtered_out: int = 0
     bad_lines: int = 0
     missing_text: int = 0
@@ -174,14 +177,14 @@ class LocalCorpus:
                 "data.corpus.train_files is empty; set it to a glob of .jsonl.zst/.jsonl/.txt files"
             )
 
-    def _files(self, split: str) -> list[str]:
+    def files(self, split: str) -> list[str]:
         if split == "validation" and self.validation_files:
             return expand_globs(self.validation_files, "data.corpus.validation_files")
         return expand_globs(self.train_files, "data.corpus.train_files")
 
     def fingerprint(self) -> str:
         files = {
-            s: [(f, file_fingerprint(f)) for f in self._files(s)] for s in SPLITS
+            s: [(f, file_fingerprint(f)) for f in self.files(s)] for s in SPLITS
         }
         return _sha(
             "local-v2",
@@ -195,21 +198,28 @@ class LocalCorpus:
         )
 
     def documents(self, split: str, stats: ReadStats | None = None) -> Iterator[str]:
+        return self.read(self.files(split), split, stats, first_index=0, limit=self.max_documents)
+
+    def read(self, paths: list[str], split: str, stats: ReadStats | None, first_index: int,
+             limit: int | None) -> Iterator[str]:
+        """The documents of `split` in `paths`, at most `limit`; `first_index`: the documents (of both splits)
+        in the files before them, as the hashed hold-out numbers documents across all the train files."""
         stats = stats if stats is not None else ReadStats()
         held_out = not self.validation_files
-        index = kept = 0
-        for path in self._files(split):
+        index, kept = first_index, 0
+        for path in paths:
             for lineno, raw in enumerate(self._records(path), start=1):
                 text = self._text(raw, path, lineno, stats)
                 if text is None:
                     continue
                 index += 1
                 if held_out and _in_validation(index, self.val_fraction) != (split == "validation"):
+                    stats.held_out += 1
                     continue
                 stats.documents += 1
                 kept += 1
                 yield text
-                if self.max_documents and kept >= self.max_documents:
+                if limit and kept >= limit:
                     return
 
     def _records(self, path: str) -> Iterator[bytes]:
@@ -257,6 +267,29 @@ class LocalCorpus:
                 stats.filtered_out += 1
                 return None
         return text
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One train file of a LocalCorpus as a corpus of its own, what one token cache holds: the documents that
+    `corpus.documents(split)` reads from that file, given `first_index` documents in the train files before it
+    (the hashed hold-out numbers them across files) and `limit` documents still wanted (max_documents)."""
+
+    corpus: LocalCorpus
+    path: str
+    first_index: int = 0
+    limit: int | None = None
+
+    def fingerprint(self) -> str:
+        """The file's content and the settings that choose its documents; of the files before it, only how
+        many documents they hold, and only for the hashed hold-out."""
+        c = self.corpus
+        held_out = None if c.validation_files else (c.val_fraction, self.first_index)
+        return _sha("local-shard-v1", file_fingerprint(self.path), c.pile_set_names, c.on_bad_line,
+                    c.text_field, self.limit, held_out)
+
+    def documents(self, split: str, stats: ReadStats | None = None) -> Iterator[str]:
+        return self.corpus.read([self.path], split, stats, self.first_index, self.limit)
 
 
 @dataclass

@@ -1,15 +1,19 @@
-"""Tokenize a corpus split once with `datasets.map` and cache it as one flat memory-mapped array.
+"""Tokenize a corpus with `datasets.map` and cache it as memory-mapped token arrays.
 
-Documents are tokenized (batched, multi-process), each followed by EOS, and concatenated. The cache
-lives in `<cache_dir>/tokens/<key>/` with key = (corpus fingerprint, tokenizer, format version), so a
-second run starts in seconds and a cache of another corpus or tokenizer is never read. The array is
-written to a temporary file and renamed; `<split>.json` is written last, so a cache that was killed
-during preparation has no valid metadata and is rebuilt.
+Documents are tokenized (batched, multi-process), each followed by EOS, and concatenated. A split is one
+cache, except the train split of a `LocalCorpus`, which is one cache per train file (a `Shard`) so that a run
+tokenizes only the files its token budget reaches, in file order (`split_tokens`): a Pile run of 2.5B tokens
+starts after the few shards that hold them, not after all 30. A cache lives in `<cache_dir>/tokens/<key>/`
+with key = (fingerprint of the corpus or of the shard, tokenizer, format version), so a second run, or
+another rank, starts in seconds and a cache of other documents or another tokenizer is never read. The
+array is written to a temporary file and renamed; `<split>.json` is written last, so a cache that was
+killed during preparation has no valid metadata and is rebuilt.
 """
 
 import json
 import logging
 import tempfile
+from collections import Counter
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +22,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..io import atomic_file, write_atomic
-from .corpora import ReadStats
+from .corpora import LocalCorpus, ReadStats, Shard
 from .tokenizers import fingerprint, from_spec
 
 log = logging.getLogger(__name__)
@@ -47,8 +51,13 @@ def dtype_for(vocab_size: int):
 
 
 def cache_key(corpus, tokenizer) -> str:
+    """The key of `corpus`' caches (a corpus or a `Shard`) with `tokenizer`."""
     return fingerprint({"corpus": corpus.fingerprint(), "tokenizer": fingerprint(tokenizer.spec),
                         "format": FORMAT_VERSION})
+
+
+def _open(path: Path, dtype, n_tokens: int) -> np.ndarray:
+    return np.memmap(path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype)  # mmap refuses 0 bytes
 
 
 def load_tokens(cache_dir: Path, key: str, split: str) -> tuple[np.ndarray, dict] | None:
@@ -65,38 +74,43 @@ def load_tokens(cache_dir: Path, key: str, split: str) -> tuple[np.ndarray, dict
             return None
     except (OSError, ValueError, KeyError):
         return None
-    return np.memmap(bin_path, dtype=dtype, mode="r"), meta
+    return _open(bin_path, dtype, meta["n_tokens"]), meta
+
+
+def _token_batches(corpus, tokenizer, split: str, num_proc: int, hf_cache: str, stats: ReadStats):
+    """The split's documents tokenized, in batches of {"ids", "n_bytes"}; none when it has no documents."""
+    import datasets
+
+    try:
+        docs = datasets.Dataset.from_generator(
+            _documents, cache_dir=hf_cache, gen_kwargs={"corpus": corpus, "split": split, "stats": stats})
+    except datasets.exceptions.DatasetGenerationError as e:
+        if isinstance(e.__cause__, UserError):  # e.g. a bad line with data.corpus.on_bad_line=error
+            raise e.__cause__ from None
+        if stats.documents:
+            raise
+        return  # datasets cannot build an empty dataset
+    spec_json = json.dumps(tokenizer.spec, sort_keys=True)
+    tokenized = docs.map(_tokenize_batch, batched=True, batch_size=64, fn_kwargs={"spec_json": spec_json},
+                         remove_columns=["text"], desc=f"tokenizing {split}",
+                         num_proc=num_proc if num_proc > 1 and len(docs) >= 2 * num_proc else None)
+    yield from tokenized.with_format("numpy").iter(batch_size=256)
 
 
 def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str,
                  num_proc: int = 1) -> tuple[np.ndarray, dict]:
+    """Tokenize `corpus`' split into the cache `key` (a split without documents: an empty array)."""
     import datasets
 
     folder = Path(cache_dir) / "tokens" / key
     folder.mkdir(parents=True, exist_ok=True)
     stats = ReadStats()
     datasets.disable_progress_bars()
+    dtype = dtype_for(tokenizer.vocab_size)
+    n_tokens = n_bytes = 0
     with tempfile.TemporaryDirectory(dir=folder) as hf_cache:
-        try:
-            docs = datasets.Dataset.from_generator(
-                _documents, cache_dir=hf_cache, gen_kwargs={"corpus": corpus, "split": split, "stats": stats})
-        except datasets.exceptions.DatasetGenerationError as e:
-            if isinstance(e.__cause__, UserError):  # e.g. a bad line with data.corpus.on_bad_line=error
-                raise e.__cause__ from None
-            if stats.documents:
-                raise
-            docs = None  # datasets cannot build an empty dataset
-        if not docs:
-            raise UserError(f"the corpus has no documents in its '{split}' split ({stats.report()}); "
-                            "check data.corpus paths and filters")
-        spec_json = json.dumps(tokenizer.spec, sort_keys=True)
-        tokenized = docs.map(_tokenize_batch, batched=True, batch_size=64, fn_kwargs={"spec_json": spec_json},
-                             remove_columns=["text"], desc=f"tokenizing {split}",
-                             num_proc=num_proc if num_proc > 1 and len(docs) >= 2 * num_proc else None)
-        dtype = dtype_for(tokenizer.vocab_size)
-        n_tokens = n_bytes = 0
         with atomic_file(folder / f"{split}.bin") as out:  # a full disk leaves no partial array behind
-            for batch in tokenized.with_format("numpy").iter(batch_size=256):
+            for batch in _token_batches(corpus, tokenizer, split, num_proc, hf_cache, stats):
                 for ids in batch["ids"]:
                     out.write(np.append(ids, tokenizer.eos_id).astype(dtype).tobytes())
                     n_tokens += len(ids) + 1
@@ -107,4 +121,54 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str,
     write_atomic(folder / f"{split}.json", json.dumps(meta, indent=1))  # last: it marks the cache complete
     skipped = stats.bad_lines + stats.missing_text  # on_bad_line=skip: counted and reported, never silent
     (log.warning if skipped else log.info)("tokenized %s: %d tokens (%s)", split, n_tokens, stats.report())
-    return np.memmap(folder / f"{split}.bin", dtype=dtype, mode="r"), meta
+    return _open(folder / f"{split}.bin", dtype, n_tokens), meta
+
+
+def cached_tokens(corpus, tokenizer, split: str, cache_dir: Path,
+                  num_proc: int = 1) -> tuple[np.ndarray, dict]:
+    """`corpus`' split from its cache, built first when there is no valid one."""
+    key = cache_key(corpus, tokenizer)
+    loaded = load_tokens(cache_dir, key, split)
+    if loaded is None:
+        log.info("building token cache %s/%s under %s", key, split, cache_dir)
+        loaded = build_tokens(corpus, tokenizer, split, cache_dir, key, num_proc)
+    return loaded
+
+
+def split_tokens(corpus, tokenizer, split: str, cache_dir: Path, num_proc: int = 1,
+                 budget: int | None = None) -> tuple[list[np.ndarray], dict]:
+    """A split's token arrays in stream order, and its metadata summed over them (n_tokens, n_bytes,
+    n_documents, read_stats). A LocalCorpus' train split: one cache per train file, in file order, until
+    they hold more than `budget` tokens (None: every file); the files past it are never read. Joined, the
+    arrays are (the start of) the stream one cache of the whole split holds. Any other split: one cache."""
+    if split == "train" and isinstance(corpus, LocalCorpus):
+        parts = _train_shards(corpus, tokenizer, cache_dir, num_proc, budget)
+    else:
+        parts = [cached_tokens(corpus, tokenizer, split, cache_dir, num_proc)]
+    stats = Counter()
+    for _, meta in parts:
+        stats.update(meta["read_stats"])
+    meta = {"split": split, "read_stats": dict(stats), "caches": [m["key"] for _, m in parts],
+            **{n: sum(m[n] for _, m in parts) for n in ("n_tokens", "n_bytes", "n_documents")}}
+    if not meta["n_documents"]:
+        raise UserError(f"the corpus has no documents in its '{split}' split "
+                        f"({ReadStats(**meta['read_stats']).report()}); check data.corpus paths and filters")
+    return [array for array, _ in parts], meta
+
+
+def _train_shards(corpus: LocalCorpus, tokenizer, cache_dir: Path, num_proc: int,
+                  budget: int | None) -> list[tuple[np.ndarray, dict]]:
+    files, cap = corpus.files("train"), corpus.max_documents
+    parts, first_index, kept, n_tokens = [], 0, 0, 0
+    for path in files:
+        if (budget is not None and n_tokens > budget) or (cap and kept >= cap):
+            break
+        shard = Shard(corpus, path, first_index, cap - kept if cap else None)
+        array, meta = cached_tokens(shard, tokenizer, "train", cache_dir, num_proc)
+        stats = meta["read_stats"]
+        first_index, kept = first_index + stats["documents"] + stats["held_out"], kept + stats["documents"]
+        n_tokens += meta["n_tokens"]
+        parts.append((array, meta))
+    log.info("train split: %d of %d files, %d tokens%s", len(parts), len(files), n_tokens,
+             "" if budget is None else f" for a budget of {budget}")
+    return parts

@@ -1,10 +1,11 @@
 """Tokenizers: byte-level (default, no downloads), a BPE trained on the training split, any Hugging Face
-hub tokenizer by name, or MQAR's identity vocabulary (its token ids are the data). Each is described by a
-small dict (`spec`) saved in checkpoints, so `eval` and `generate` rebuild exactly the tokenizer a model was
-trained with."""
+hub tokenizer by name or from a local tokenizer.json (`path`, for machines without the hub), or MQAR's
+identity vocabulary (its token ids are the data). Each is described by a small dict (`spec`) saved in
+checkpoints, so `eval` and `generate` rebuild exactly the tokenizer a model was trained with."""
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -123,15 +124,57 @@ def from_spec(spec: dict):
     if kind in ("bpe", "hf") and "json" in spec:
         return HFTokenizer(Tokenizer.from_str(spec["json"]), spec, spec.get("eos_token"))
     if kind == "hf":
-        try:
-            tok = Tokenizer.from_pretrained(spec["name"])
-        except Exception as e:  # network or unknown name
-            raise UserError(
-                f"could not load Hugging Face tokenizer '{spec['name']}' ({type(e).__name__}); "
-                "check the name and that the hub is reachable, or use data.tokenizer.kind=byte"
-            ) from None
-        return HFTokenizer(tok, {**spec, "json": tok.to_str()}, spec.get("eos_token"))
+        tok = _local_tokenizer(spec["path"]) if spec.get("path") else _hub_tokenizer(spec)
+        # where the file lay and unset keys are not part of the tokenizer: one tokenizer, one spec and cache
+        described = {k: v for k, v in spec.items() if k != "path" and v is not None}
+        return HFTokenizer(tok, {**described, "json": tok.to_str()}, spec.get("eos_token"))
     raise UserError(f"unknown tokenizer kind '{kind}'; use one of: byte, bpe, hf, mqar")
+
+
+def _hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE is set (as huggingface_hub reads it): then the hub is never asked."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _local_tokenizer(path):
+    """data.tokenizer.path: a tokenizer.json, or a folder holding one (a hub snapshot, a copied folder)."""
+    from tokenizers import Tokenizer
+
+    path = Path(path).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise UserError(f"data.tokenizer.path={path}: no tokenizer.json there; give the file or the folder "
+                        "that holds it (docs/offline.md)")
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as e:  # noqa: BLE001  (the tokenizers library raises a bare Exception)
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(f"data.tokenizer.path={file} is not a tokenizers tokenizer.json ({first})") from None
+
+
+def _hub_tokenizer(spec: dict):
+    """data.tokenizer.name: the hub tokenizer's tokenizer.json from the local hub cache, downloaded into it
+    first when online."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import LocalEntryNotFoundError
+    from tokenizers import Tokenizer
+
+    name = spec.get("name")
+    if not name:
+        raise UserError("data.tokenizer.kind=hf needs data.tokenizer.name=ORG/MODEL (a hub tokenizer) or "
+                        "data.tokenizer.path=DIR (a local tokenizer.json)")
+    try:
+        file = hf_hub_download(name, "tokenizer.json", local_files_only=_hub_offline())
+    except LocalEntryNotFoundError:  # offline, or the hub unreachable, and not in the cache
+        why = "HF_HUB_OFFLINE is set" if _hub_offline() else "the hub cannot be reached"
+        raise UserError(f"Hugging Face tokenizer '{name}' is not in the local hub cache and {why}: set "
+                        "data.tokenizer.path=DIR to a folder with its tokenizer.json (docs/offline.md)"
+                        ) from None
+    except Exception as e:  # noqa: BLE001  (unknown or gated name, no tokenizer.json, HTTP errors)
+        raise UserError(f"could not load Hugging Face tokenizer '{name}' ({type(e).__name__}); check the "
+                        "name and your access to it (HF_TOKEN), set data.tokenizer.path=DIR to a local "
+                        "tokenizer.json, or use data.tokenizer.kind=byte") from None
+    return Tokenizer.from_file(file)
 
 
 def fingerprint(spec: dict) -> str:

@@ -146,7 +146,7 @@ def fact_recall_table(df: pd.DataFrame, registry: pd.DataFrame | None = None, fl
         if ppl:
             mine = runs[runs["label"] == label]
             under = len(undertrained(mine, floors))
-            cells.append(mean_sd(mine["val_ppl"]) + (f" ({under} under the bigram floor)" if under else ""))
+            cells.append(mean_sd(mine["val_ppl"]) + (f" ({under} under the 3-gram floor)" if under else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     n = df[df["kind"] == "restated"]["n"].sum()
     lines.append(
@@ -226,7 +226,7 @@ def recalls_far_facts_better(a: str, b: str):
         under = undertrained(runs[runs["method"].isin([a, b])], r.floors) if "method" in runs else []
         if v.status != MISSING and under:
             status = UNDERTRAINED
-            sentence += f"; {len(under)} of the runs do not beat the bigram floor of the text (under-trained)"
+            sentence += f"; {len(under)} of the runs do not beat the 3-gram floor of the text (under-trained)"
         return Verdict(status, sentence, v.numbers)
 
     return judge

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from ..io import write_atomic
-from ..models.ttt.dual_scan import ttt_linear_dual
+from ..models.ttt.dual_scan import BATCH_GD_CHUNK, ttt_linear_batch_gd, ttt_linear_dual
 from ..training.checkpoint import load_checkpoint
 from ..training.evaluate import inner_losses as measure_inner_losses
 from . import mttt, units
@@ -42,22 +42,28 @@ from .engine.verdicts import (
 # ---- measurements ----
 
 
-def _best_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _best_times(fns: list, repeats: int) -> list[float]:
+    """The best of `repeats` timings of each function, the functions run in alternation (a burst of load
+    slows them alike), after one warm-up call each."""
+    times = [[] for _ in fns]
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    for _ in range(repeats):
+        for fn, t in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - start)
+    return [min(t) for t in times]
 
 
 @torch.no_grad()
 def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, seq_len: int,
                  repeats: int = 3, seed: int = 0) -> pd.DataFrame:
-    """Figure 8 (right): forward time of one TTT-Linear layer in dual form at context `seq_len` (the fast
-    scan, dual_scan.ttt_linear_dual), total and for the W's at the end of every mini-batch alone (the same
-    steps without the outputs); the z's take the difference."""
+    """Figure 8 (right): forward time of one TTT-Linear layer in dual form at context `seq_len`, by the path
+    the layer takes (the fast scan, dual_scan.ttt_linear_dual; at b = T above a chunk, the chunked batch GD),
+    total and for the W's at the end of every mini-batch alone (the same steps without the outputs), the
+    two timed in alternation (best of `repeats` each); the z's take the difference. The b's above the
+    context are left out."""
     g = torch.Generator().manual_seed(seed)
     H, f = heads, head_dim
     ln = (torch.ones(H, 1, f), torch.zeros(H, 1, f))
@@ -65,12 +71,18 @@ def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, 
     rows = []
     for b in mini_batch_sizes:
         b = seq_len if b == "T" else int(b)
+        if b > seq_len:
+            continue
         N = seq_len // b
         XQ, XK, XV = (torch.randn(batch, H, N, b, f, generator=g) for _ in range(3))
-        eta = torch.full((batch, H, N, b, b), 1.0 / f)
-        both = partial(ttt_linear_dual, XQ, XK, XV, eta, W0, b0, *ln)
-        weights_only = partial(both, outputs=False)
-        total, weights = _best_time(both, repeats), _best_time(weights_only, repeats)
+        if N == 1 and b > BATCH_GD_CHUNK:  # the layer's batch-GD path
+            lr = torch.full((batch, H, b), 1.0 / f)
+            token_eta = 1 / torch.arange(1.0, b + 1)
+            one = (XQ[:, :, 0], XK[:, :, 0], XV[:, :, 0])
+            both = partial(ttt_linear_batch_gd, *one, token_eta, lr, W0, b0, ln)
+        else:
+            both = partial(ttt_linear_dual, XQ, XK, XV, torch.full((batch, H, N, b, b), 1.0 / f), W0, b0, *ln)
+        total, weights = _best_times([both, partial(both, outputs=False)], repeats)
         rows.append({"mini_batch": b, "total_ms": 1e3 * total, "w_ms": 1e3 * weights,
                      "z_ms": 1e3 * max(total - weights, 0.0), "seq_len": seq_len, "heads": H, "head_dim": f,
                      "batch": batch, "threads": torch.get_num_threads()})
@@ -246,7 +258,7 @@ def minibatch_trend(r) -> Verdict:
     sentence = (
         f"Spearman's rho between b and perplexity over {len(df)} runs: {rho:+.2f} ({ci}); means "
         + ", ".join(f"b={b}: {means[b]:.2f}" for b in sorted(means.index, key=order.get))
-        + (f"; {len(under)} runs do not beat the bigram floor (under-trained)" if under else "")
+        + (f"; {len(under)} runs do not beat the 3-gram floor (under-trained)" if under else "")
     )
     return Verdict(status, sentence, {"rho": rho, "ci": [lo, hi], "means": means.to_dict()})
 

@@ -13,15 +13,17 @@ import pandas as pd
 
 from ..flops import match_flops
 from ..io import write_atomic
+from . import units
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand, Section, drawn, read_csv
 from .engine.floors import drawn_floors, read_drawn_floors
 from .engine.plan import Run, composed_model, configuration, data_overrides
 from .engine.registry import finished_runs, read_registry, select
 from .engine.tables import summary_table
-from .engine.verdicts import MISSING, Claim, Verdict, combine, compare
+from .engine.verdicts import MISSING, NOT_TESTED, Claim, Verdict, combine, compare
 
 TRANSFORMERS = {"Transformer": "TF pretrain", "TF finetune": "TF finetune"}
+LONG_CONTEXT_TOKENS = 8192  # the paper's long contexts: Books at 8k and 32k tokens (2k is its short one)
 
 
 def config_name(role: str, method: str, size: str, T: int, suffix: str = "") -> str:
@@ -47,16 +49,6 @@ def longest_books(reg) -> tuple[str | None, int | None]:
     if df.empty:
         return None, None
     return str(df["size"].iloc[-1]), int(pd.to_numeric(df["seq_len"]).max())
-
-
-def headline_runs(reg) -> pd.DataFrame:
-    """Every method's grid runs at the largest size and the longest Books context."""
-    size, T = longest_books(reg)
-    if size is None:
-        return finished_runs(None)
-    sc = unmatched(finished_runs(reg))
-    return sc[(sc["role"] == "books") & (sc["size"].astype(str) == size)
-              & (pd.to_numeric(sc["seq_len"]) == T)]
 
 
 def at_context(runs: pd.DataFrame, T: int) -> pd.DataFrame:
@@ -350,6 +342,15 @@ def plot_token_index(inputs: list[Path], stem: Path) -> list[Path]:
 # ---- claims ----
 
 
+def short_of_long_context(r, T: int) -> Verdict | None:
+    """"not tested" when the Books context T (bytes) is shorter than the paper's long contexts, else None."""
+    text, tokens = units.context(r, "books", T)
+    if tokens is not None and tokens < LONG_CONTEXT_TOKENS:
+        return Verdict(NOT_TESTED, f"the longest context run is {text}, below the paper's long contexts "
+                                   f"({LONG_CONTEXT_TOKENS:,} and 32k tokens)")
+    return None
+
+
 def beats_mamba_at_long_context(method: str, label: str):
     def judge(r) -> Verdict:
         reg = r.csv("scaling")
@@ -359,8 +360,9 @@ def beats_mamba_at_long_context(method: str, label: str):
         a = at_context(select(reg, role="books", method=method, size=size, seq_len=T), T)
         b = at_context(select(reg, role="books", method="mamba", size=size, seq_len=T), T)
         v = compare(a, b, (label, "Mamba"), "<", r.floors)
-        v.sentence = f"size {size}, context {T}: {v.sentence}"
-        return v
+        v.sentence = f"size {size}, context {units.context(r, 'books', T)[0]}: {v.sentence}"
+        short = short_of_long_context(r, T)
+        return v if short is None else Verdict(NOT_TESTED, f"{short.sentence} ({v.sentence})", v.numbers)
 
     return judge
 
@@ -377,8 +379,10 @@ def finetune_beats_pretrain(r) -> Verdict:
         ft = at_context(select(reg, method="tf_finetune", size=size, seq_len=T), T)
         pre = at_context(select(reg, method="transformer", role="books", size=size, seq_len=T), T)
         verdicts.append(compare(ft, pre, ("TF finetune", "TF pretrain"), "<", r.floors))
-        names.append(f"size {size}, context {T}")
-    return combine(verdicts, names)
+        names.append(f"size {size}, context {units.context(r, 'books', int(T))[0]}")
+    v = combine(verdicts, names)
+    short = None if pairs.empty else short_of_long_context(r, int(pd.to_numeric(pairs["seq_len"]).max()))
+    return v if short is None else Verdict(NOT_TESTED, f"{short.sentence} ({v.sentence})", v.numbers)
 
 
 def keeps_improving_late(r) -> Verdict:

@@ -16,8 +16,10 @@ from .engine.floors import undertrained
 from .engine.plan import Run, configuration, data_overrides, merge
 from .engine.registry import finished_runs
 from .engine.stats import difference
-from .engine.tables import by_config, floor_rows, fmt_ppl, undertrained_mark
+from .engine.tables import by_config, floor_rows, fmt_ppl, fmt_se, undertrained_mark
 from .engine.verdicts import MISSING, UNDERTRAINED, Claim, Verdict, compare, status_of
+
+ETA_PREFIX = "eta-"  # the step-size sweep's configurations: eta-<eta>
 
 # the claim of each ladder step the paper reports: row -> (claim key, sentence; {diff}: the paper's)
 STEP_CLAIMS = {
@@ -41,39 +43,58 @@ def table1_row(reg, name: str) -> pd.DataFrame:
 
 def last_rows(reg) -> pd.DataFrame:
     """The finished runs of the ladder's last row and of the reference models (configs without a row
-    number): what the headline comparisons rest on."""
+    number, outside the step-size sweep): what the headline comparisons rest on."""
     t1 = finished_runs(reg)
+    t1 = t1[~t1["config"].astype(str).str.startswith(ETA_PREFIX)]
     row = t1["config"].astype(str).str.split("-", n=1).str[0]
     numbered = row.str.isdigit()
     last = row[numbered].astype(int).max() if numbered.any() else None
     return t1[~numbered | (row == str(last))]
 
 
+def eta_markdown(registry: pd.DataFrame, sweep: dict, floors: pd.DataFrame | None = None) -> str:
+    """The step-size sweep at one ladder row: perplexity per fixed eta (the row itself, at the authors' scale,
+    is in table1.md)."""
+    cfg = by_config(registry)
+    cfg = cfg[cfg["eta"].notna()]
+    lines = [f"| fixed $\\eta$ | {_label(registry, sweep['row'])}: Ppl. (mean +- std) | seeds |",
+             "|---:|---:|---:|"]
+    for _, r in cfg.sort_values("eta").iterrows():
+        mark = undertrained_mark(r, floors)
+        lines.append(f"| {r['eta']:g} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
+                     f"{r['seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
 def table1_markdown(registry: pd.DataFrame, floors: pd.DataFrame | None = None) -> tuple[pd.DataFrame, str]:
     """Table 1: mean +- std over seeds, the Diff. of the means from the row above, the paper's numbers, and
-    the n-gram floors; a row that does not beat the bigram floor is marked under-trained."""
+    the n-gram floors; a row that does not beat the 3-gram floor is marked under-trained."""
     cfg = by_config(registry)
     rows = cfg[cfg["row"].notna()].sort_values("row")
-    refs = cfg[cfg["row"].isna()]
+    refs = cfg[cfg["row"].isna() & ~cfg["config"].astype(str).str.startswith(ETA_PREFIX)]
     fmt = lambda v, signed=False: "-" if pd.isna(v) else (f"{v:+.2f}" if signed else f"{v:.2f}")
     diff, paper = rows["ppl_mean"].diff(), pd.to_numeric(rows["paper_ppl"], errors="coerce")
     paper_diff = paper - paper.ffill().shift()  # from the nearest row above that the paper has
+    se = "eval_se" in cfg  # the evaluation's own error beside the seed spread, where measured
     lines = [
-        "| Configuration | Ppl. (mean +- std) | Diff. | seeds | Paper Ppl. | Paper Diff. |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| Configuration | Ppl. (mean +- std) | Diff. |" + (" eval SE |" if se else "")
+        + " seeds | Paper Ppl. | Paper Diff. |",
+        "|---|---:|---:|" + ("---:|" if se else "") + "---:|---:|---:|",
     ]
     for (_, r), d, pp, pd_ in zip(rows.iterrows(), diff, paper, paper_diff, strict=True):
         mark = undertrained_mark(r, floors)
         lines.append(
             f"| {r['label']} | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | "
-            f"{fmt(d, True)} | {r['seeds']} | {fmt(pp)} | {fmt(pd_, True)} |"
+            f"{fmt(d, True)} |" + (f" {fmt_se(r)} |" if se else "") + f" {r['seeds']} | {fmt(pp)} | "
+            f"{fmt(pd_, True)} |"
         )
     for _, r in refs.iterrows():
+        mark = undertrained_mark(r, floors)
         lines.append(
-            f"| *{r['label']} (reference)* | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])} | | "
-            f"{r['seeds']} | | |"
+            f"| *{r['label']} (reference)* | {fmt_ppl(r['ppl_mean'], r['ppl_std'], r['seeds'])}{mark} | |"
+            + (f" {fmt_se(r)} |" if se else "") + f" {r['seeds']} | | |"
         )
-    lines += floor_rows(floors, ["label"], 4)
+    lines += floor_rows(floors, ["label"], 4 + se)
     table = pd.concat([rows, refs])[["config", "label", "ppl_mean", "ppl_std", "seeds", "paper_ppl"]]
     return table, "\n".join(lines) + "\n"
 
@@ -91,7 +112,7 @@ class Table1(Experiment):
             f"gain is mini-batch TTT (b = T -> 16, {d['minibatch'][2]:+.2f}), then LN and residual in f "
             f"({d['ln_residual'][2]:+.2f}); TTT-Linear (M) ends at {p['mamba_backbone']:.2f} vs "
             f"{p['linear_attention']:.2f} for linear attention (125M, Pile 2k, Llama tokens).",
-            ["table1.md"],
+            ["table1.md", "table1_eta.md"],
             ["Table 1"],
         )
 
@@ -128,12 +149,29 @@ class Table1(Experiment):
         for ref in self.sweep.get("references", []):
             runs.append(configuration(ref["name"], base + ref["overrides"], ref["label"], row=None,
                                       paper_ppl=None))
-        return runs
+        p = self.sweep["profiles"][profile]
+        return runs + self.eta_sweep(runs, p.get("etas", []), p.get("eta_seeds"))
+
+    def eta_sweep(self, runs: list[Run], etas: list[float], seeds: int | None) -> list[Run]:
+        """The `eta_sweep` row at each fixed eta of the profile's `etas` (eta = eta_base / head_dim), one
+        change each, with `seeds` seeds (None: the profile's)."""
+        if not etas:
+            return []
+        row = next(r for r in runs if r.config.split("-", 1)[-1] == self.sweep["eta_sweep"]["row"])
+        head_dim = "${ttt.div:${size.d_model},${size.n_heads}}"
+        return [configuration(f"{ETA_PREFIX}{eta:g}",
+                              merge(row.overrides, [f"model.block.eta_base='${{ttt.mul:{head_dim},{eta}}}'"]),
+                              f"{row.label}, $\\eta$ = {eta:g}", row=None, paper_ppl=None, eta=eta,
+                              seeds=seeds)
+                for eta in etas]
 
     def tabulate(self, folder) -> None:
         reg = read_csv(folder, "registry.csv")
         if reg is not None:
-            write_atomic(folder / "table1.md", table1_markdown(reg, read_csv(folder, "floors.csv"))[1])
+            floors = read_csv(folder, "floors.csv")
+            write_atomic(folder / "table1.md", table1_markdown(reg, floors)[1])
+            if "eta" in reg and reg["eta"].notna().any():  # the profile swept eta
+                write_atomic(folder / "table1_eta.md", eta_markdown(reg, self.sweep["eta_sweep"], floors))
 
     @property
     def claims(self) -> list[Claim]:
@@ -157,8 +195,7 @@ class Table1(Experiment):
                                                                     p["linear_attention"]))),
         ]
 
-    @staticmethod
-    def step_judge(row: str, above: str, paper: float, expect: str, paper_ppls: tuple):
+    def step_judge(self, row: str, above: str, paper: float, expect: str, paper_ppls: tuple):
         """`paper_ppls`: (role, the paper's perplexity of the row, of the row above), for the paper's effect
         per byte."""
         def judge(r) -> Verdict:
@@ -166,9 +203,17 @@ class Table1(Experiment):
             effect = units.paper_effect(r, *paper_ppls) if expect != "=" else None
             return compare(table1_row(reg, row), table1_row(reg, above),
                            (_label(reg, row), _label(reg, above)), expect, r.floors, f"; paper {paper:+.2f}",
-                           paper_effect=effect)
+                           paper_effect=effect, margin=self.margin(r) if expect == "=" else None)
 
         return judge
+
+    def margin(self, r) -> float | None:
+        """Table 1's equivalence margin: half the smallest effect per byte among the paper's steps (None
+        without the units: the default margin)."""
+        effects = [units.paper_effect(r, self.sweep["data"], ppl, above)
+                   for _, (_, _, diff, _, ppl, above) in self.paper_steps() if diff]
+        effects = [e for e in effects if e]
+        return min(effects) / 2 if effects else None
 
 
 def _label(reg, name: str) -> str:
@@ -203,7 +248,7 @@ def largest_gain(r, steps: dict) -> Verdict:
         f"the largest mean gain is {best} ({means[best]:+.3f}); mini-batch TTT {means['minibatch']:+.3f} vs "
         "the "
         f"next largest other step, {runner}, {means[runner]:+.3f}: difference {d.text()}"
-        + (f"; {len(under)} runs do not beat the bigram floor (under-trained)" if under else "")
+        + (f"; {len(under)} runs do not beat the 3-gram floor (under-trained)" if under else "")
     )
     return Verdict(status, sentence, {"mean_gains": means} | ({} if d.p is None else {"p": d.p}))
 

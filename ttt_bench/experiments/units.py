@@ -47,6 +47,16 @@ def paper_effect(results, role: str, paper_a: float | None, paper_b: float | Non
     return abs(math.log(paper_a / paper_b)) / bpt
 
 
+def context(results, role: str, n_bytes: int) -> tuple[str, float | None]:
+    """A context in bytes as a sentence names it ("1,024 bytes, about 250 Llama tokens"), and its tokens
+    (None without the units)."""
+    units = results.csv("units", "units.csv")
+    if units is None or role not in set(units["role"]):
+        return f"{n_bytes:,} bytes", None
+    tokens = n_bytes / float(units.set_index("role").loc[role, "bytes_per_token"])
+    return f"{n_bytes:,} bytes, about {tokens:,.0f} Llama tokens", tokens
+
+
 class Units(Experiment):
     name = "units"
     trains = False

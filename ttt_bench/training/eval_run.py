@@ -51,8 +51,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     data_cfg.tokenizer = hp["tokenizer"]  # always the model's own tokenizer
     if cfg.seq_len:
         data_cfg.seq_len = cfg.seq_len
-    dm = instantiate(data_cfg)
-    dm.prepare_data()
+    dm = instantiate(data_cfg)  # not prepare_data, training's splits: val_dataset prepares validation alone
     result = evaluate(module.model, dm.val_dataset(cfg.max_tokens), batch_size=cfg.batch_size)
     save_token_index(Path(out_dir) / "token_index.csv", result.pop("token_index_loss"))
     save_inner_losses(

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy import stats
 
 
 @torch.no_grad()
@@ -15,14 +16,15 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 8, device=None) 
     Returns mean loss, perplexity and the token-index curve: mean loss at each position t of the
     sequence over all validation sequences (Figures 2 right and 14). A dataset with a `loss_mask(i)` ([L]
     booleans, e.g. MQAR's answer positions) counts the masked positions only, and adds `val_accuracy`
-    (argmax == target); positions no sequence counts are NaN in the curve.
+    (argmax == target); positions no sequence counts are NaN in the curve. A dataset with `documents` (the
+    document of each sequence) adds the bootstrap standard error of the loss over documents (`val_loss_se`).
     """
     was_training = model.training
     model.eval()
     device = device or next(model.parameters()).device
     mask_of = getattr(dataset, "loss_mask", None)
     loss_sum = count = correct = None
-    n_seqs = 0
+    n_seqs, per_sequence = 0, []
     for start in range(0, len(dataset), batch_size):
         indices = range(start, min(start + batch_size, len(dataset)))
         batch = torch.stack([dataset[i] for i in indices]).to(device)
@@ -36,6 +38,7 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 8, device=None) 
         loss_sum, count, correct = parts if loss_sum is None else (
             loss_sum + parts[0], count + parts[1], correct + parts[2])
         n_seqs += batch.shape[0]
+        per_sequence.append(torch.stack([(loss.double() * mask).sum(1), mask.sum(1).double()], 1).cpu())
     model.train(was_training)
     token_index = (loss_sum / count).numpy()  # NaN where no sequence counts the position
     mean = float(loss_sum.sum() / count.sum().clamp_min(1))
@@ -46,9 +49,26 @@ def evaluate(model: torch.nn.Module, dataset, batch_size: int = 8, device=None) 
         "val_tokens": int(count.sum()),
         "token_index_loss": token_index,
     }
+    documents = getattr(dataset, "documents", None)
+    if documents is not None:
+        result["val_loss_se"] = document_bootstrap_se(torch.cat(per_sequence).numpy(), documents)
     if mask_of:
         result["val_accuracy"] = float(correct.sum() / count.sum().clamp_min(1))
     return result
+
+
+def document_bootstrap_se(sums: np.ndarray, documents: np.ndarray, resamples: int = 2000) -> float:
+    """Standard error of the mean loss (summed loss / counted tokens, `sums` [n, 2] per sequence) when the
+    validation documents are resampled with replacement (scipy's bootstrap, paired over the two sums): how
+    much the number would move on another draw of documents like these. NaN with one document."""
+    ids, doc = np.unique(documents, return_inverse=True)
+    if len(ids) < 2:
+        return float("nan")
+    loss, tokens = (np.bincount(doc, weights=sums[:, k], minlength=len(ids)) for k in (0, 1))
+    boot = stats.bootstrap((loss, tokens), lambda a, b, axis=-1: a.sum(axis) / b.sum(axis), paired=True,
+                           vectorized=True, n_resamples=resamples, method="percentile",
+                           rng=np.random.default_rng(0))
+    return float(boot.standard_error)
 
 
 def bits_per_byte(loss: float, bytes_per_token: float) -> float:

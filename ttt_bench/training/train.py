@@ -183,8 +183,12 @@ def image_geometry(cfg: DictConfig, world_size: int) -> dict:
     return {"sequences_per_step": images, "accumulate": images // per_step, "tokens_per_step": images}
 
 
-def build_data(cfg: DictConfig):
+def build_data(cfg: DictConfig, train_tokens: int):
+    """The data, prepared for training: a datamodule that takes `train_tokens` (LMDataModule) tokenizes only
+    the train shards that hold the tokens the run trains on."""
     dm = instantiate(cfg.data)
+    if hasattr(dm, "train_tokens"):
+        dm.train_tokens = train_tokens
     dm.prepare_data()
     return dm
 
@@ -212,7 +216,7 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
     del found  # the trainer loads it again
     one_line_per_lightning_message()
     L.seed_everything(cfg.seed, workers=True)
-    dm = build_data(cfg)
+    dm = build_data(cfg, int(cfg.trainer.max_steps) * geo["tokens_per_step"])
     if rank_zero_only.rank == 0:
         claim(run_dir, identity(cfg, getattr(dm, "fingerprint", None)))
     module = make_module(dm)

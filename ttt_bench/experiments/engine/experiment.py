@@ -62,6 +62,11 @@ class Experiment:
     def seeds(self, profile: str) -> int:
         return int(self.sweep["profiles"][profile].get("seeds", 1))
 
+    def left_out(self, profile: str) -> str | None:
+        """Why the experiment is not a step of this profile (its sweep's `left_out`: profile -> reason), or
+        None when it is. Its claims are then "not tested", with that reason."""
+        return (self.sweep.get("left_out") or {}).get(profile) if self.trains else None
+
     def configurations(self, profile: str, data_dir: str | None, **options) -> list[Run]:
         """The sweep's configurations (seed 0, before `expand`)."""
         raise NotImplementedError

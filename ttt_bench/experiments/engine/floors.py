@@ -2,8 +2,9 @@
 validation text each run is judged on (ttt_bench/ngram.py), per corpus role and context.
 
 `floors.csv` (role, corpus, seq_len, floor, val_ppl) is written beside every sweep; tables list the floors
-and mark the runs that do not beat the bigram one (`undertrained`); figures draw DRAWN_FLOORS at each
-role's longest context (`drawn_floors`).
+and mark the runs that do not beat the 3-gram one (`undertrained`: a model that has not learned its text's
+3-gram statistics says nothing about a claim); figures draw DRAWN_FLOORS at each role's longest context
+(`drawn_floors`).
 """
 
 import json
@@ -14,7 +15,8 @@ import pandas as pd
 from ...ngram import floors_for
 
 FLOOR_ORDERS = (1, 2, 3, 4, 5)  # every table lists them all
-DRAWN_FLOORS = ("unigram", "bigram", "5-gram (Witten-Bell)")  # the figures draw these
+DRAWN_FLOORS = ("unigram", "bigram", "3-gram (Witten-Bell)", "5-gram (Witten-Bell)")  # the figures draw these
+TRAINED_PAST = "3-gram"  # the floor every run a verdict uses must beat
 COLUMNS = ["role", "corpus", "seq_len", "floor", "val_ppl"]
 
 
@@ -65,10 +67,10 @@ def ngram_floor(floors: pd.DataFrame | None, role=None, seq_len=None, kind: str 
 
 
 def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None) -> list[str]:
-    """Runs whose validation perplexity does not beat the byte-bigram floor of their corpus and context."""
+    """Runs whose validation perplexity does not beat the byte 3-gram floor of their corpus and context."""
     out = []
     for r in runs.itertuples():
-        floor = ngram_floor(floors, getattr(r, "role", None), getattr(r, "seq_len", 0) or 0)
+        floor = ngram_floor(floors, getattr(r, "role", None), getattr(r, "seq_len", 0) or 0, TRAINED_PAST)
         if floor is not None and r.val_ppl >= floor:
             out.append(r.run)
     return out

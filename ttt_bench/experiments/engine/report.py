@@ -140,7 +140,9 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
     then each experiment's section."""
     results = Results(out, [e.name for e in experiments])
     claims = [c for e in experiments for c in e.claims]
-    verdicts = judge_all(claims, results)
+    untested = {c.id: f"not tested in the {profile} profile: {why}" for e in experiments
+                if (why := e.left_out(profile)) for c in e.claims}
+    verdicts = judge_all(claims, results, untested)
     write_atomic(out / "claims.csv", verdicts.to_csv(index=False))
     data = (
         "real corpora (pile-mini as the Pile, books-mini as Books)"
@@ -155,7 +157,7 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
         "is judged by its 95% interval over seeds (paired by seed where both arms ran the same seeds, Welch "
         "otherwise; MDE: the interval's half-width) and, within one table or figure, corrected for "
         "multiplicity (Holm); an interval that contains 0 is inconclusive, and a comparison that uses a run "
-        "that does not beat the byte-bigram floor is under-trained. Each step's folder holds its registry "
+        "that does not beat the byte 3-gram floor is under-trained. Each step's folder holds its registry "
         "(every seed), floors, tables and figures.\n",
         "## Verdicts\n",
         status_counts(verdicts) + "\n",
@@ -165,7 +167,7 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
     parts += [f"| {r.figure}: {r.claim} | **{r.verdict}** |" for r in verdicts.itertuples()]
     parts.append("")
     for e in reported(experiments):
-        parts += section(e, out, verdicts, make)
+        parts += section(e, out, verdicts, make, profile)
     write_atomic(out / "REPORT.md", "\n".join(parts))
     return out / "REPORT.md"
 
@@ -185,9 +187,11 @@ def reported(experiments: list) -> list:
     return [e for *_, e in sorted(keyed, key=lambda k: k[:3]) if e.section is not None]
 
 
-def section(e, out: Path, verdicts: pd.DataFrame, make: str) -> list[str]:
+def section(e, out: Path, verdicts: pd.DataFrame, make: str, profile: str) -> list[str]:
     s, meta_path = e.section, out / e.name / "step.json"
     parts = [f"## {s.title}\n\n**Paper.** {s.paper}\n"]
+    if why := e.left_out(profile):
+        return parts + [f"**Not in the {profile} profile.** {why}\n"]
     if not meta_path.is_file():
         return parts + [f"**Not run yet in this profile.** `{make} STEPS={e.name}` runs it.\n"]
     meta = json.loads(meta_path.read_text())

@@ -1,17 +1,17 @@
 """Claims and their verdicts: each experiment states the papers' claims as `Claim`s whose judge reads the
 committed results and returns a Verdict.
 
-A verdict is "holds", "does not hold", "inconclusive", "underpowered", "under-trained" or "not measured",
-with the
-sentence printed beside it (made from the same numbers, so it cannot contradict them). A difference whose
-95% interval over seeds contains 0 is "inconclusive" (one seed has no interval, so it is always
-inconclusive); arms that share their seeds are compared pair by pair (engine/stats.py). A comparison that
-uses a run that does not beat the byte-bigram floor of its validation text is "under-trained": such a model
-has not learned what the claim is about. An inconclusive comparison whose minimum detectable effect (the
-interval's half-width) is larger than the paper's effect (relative to the reference, in the same units) is
-"underpowered": it could not have seen the paper's effect. Within one table or figure, the directional
-claims that hold or do not hold are corrected for multiplicity (Holm): one that is not significant after it
-is "inconclusive".
+A verdict is "holds", "does not hold", "inconclusive", "underpowered", "under-trained", "not tested"
+(what was run cannot test the claim: a long-context claim at a short context, an experiment this profile
+leaves out) or "not measured", with the sentence printed beside it (made from the same numbers, so it
+cannot contradict them). A difference whose 95% interval over seeds contains 0 is "inconclusive" (one
+seed has no interval, so it is always inconclusive); arms that share their seeds are compared pair by
+pair (engine/stats.py). A comparison that uses a run that does not beat the byte 3-gram floor of its
+validation text is "under-trained": such a model has not learned what the claim is about. An inconclusive
+comparison whose minimum detectable effect (the interval's half-width) is larger than the paper's effect
+(relative to the reference, in the same units) is "underpowered": it could not have seen the paper's
+effect. Within one table or figure, the directional claims that hold or do not hold are corrected for
+multiplicity (Holm): one that is not significant after it is "inconclusive".
 """
 
 from collections.abc import Callable
@@ -23,12 +23,13 @@ from .floors import undertrained
 from .stats import ALPHA, difference, holm, mean_sd
 
 HOLDS, FAILS, INCONCLUSIVE, MISSING = "holds", "does not hold", "inconclusive", "not measured"
-UNDERTRAINED, UNDERPOWERED = "under-trained", "underpowered"
-STATUSES = (HOLDS, FAILS, INCONCLUSIVE, UNDERPOWERED, UNDERTRAINED, MISSING)
+UNDERTRAINED, UNDERPOWERED, NOT_TESTED = "under-trained", "underpowered", "not tested"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, UNDERPOWERED, UNDERTRAINED, NOT_TESTED, MISSING)
 
 # "a = b" holds when the whole 95% interval of the difference lies within +-EQUIVALENCE_MARGIN of b's mean
-# (an equivalence test, as two one-sided tests at 2.5% each); an interval that merely contains 0 is no
-# evidence of equality, only of too few seeds.
+# (an equivalence test, as two one-sided tests at 2.5% each), or the claim's own margin (Table 1: below the
+# smallest effect the paper reports in it); an interval that merely contains 0 is no evidence of equality,
+# only of too few seeds.
 EQUIVALENCE_MARGIN = 0.05
 
 
@@ -47,13 +48,14 @@ class Claim:
     judge: Callable  # Results -> Verdict (engine/report.py's Results: the committed step folders)
 
 
-def status_of(d, expect: str, reference: float) -> str:
-    """The verdict of a Difference for "a < b" ('<'), "a > b" ('>') or "a = b" ('=', within the margin)."""
+def status_of(d, expect: str, reference: float, margin: float = EQUIVALENCE_MARGIN) -> str:
+    """The verdict of a Difference for "a < b" ('<'), "a > b" ('>') or "a = b" ('=', within `margin`, a
+    fraction of the reference)."""
     sign = d.sign()
     if sign is None:
         return INCONCLUSIVE
     if expect == "=":
-        margin = EQUIVALENCE_MARGIN * abs(reference)
+        margin = margin * abs(reference)
         return FAILS if sign != 0 else (HOLDS if -margin <= d.lo and d.hi <= margin else INCONCLUSIVE)
     want = -1 if expect == "<" else 1
     return HOLDS if sign == want else (INCONCLUSIVE if sign == 0 else FAILS)
@@ -75,11 +77,14 @@ def compare(
     paper: str = "",
     value: str = "val_ppl",
     paper_effect: float | None = None,
+    margin: float | None = None,
 ) -> Verdict:
     """Judge "a < b" (expect '<'), "a > b" ('>') or "a = b" ('=') on a value over seeds: paired by seed
     where both arms ran the same seeds, else Welch. `paper_effect`: the paper's effect relative to the
     reference (a fraction of b's mean, in our units): an inconclusive result that could not have detected it
-    is underpowered."""
+    is underpowered. `margin`: the equivalence margin of '=' as a fraction of b's mean (default
+    EQUIVALENCE_MARGIN; a table sets it below the smallest effect it reports)."""
+    margin = EQUIVALENCE_MARGIN if margin is None else margin
     if a.empty or b.empty:
         missing = " and ".join(n for n, d in zip(names, (a, b), strict=True) if d.empty)
         return Verdict(MISSING, f"no finished runs of {missing}")
@@ -87,19 +92,18 @@ def compare(
     if paired:
         a, b = a.sort_values("seed"), b.sort_values("seed")
     d = difference(a[value], b[value], paired=paired)
-    status = status_of(d, expect, b[value].mean())
+    status = status_of(d, expect, b[value].mean(), margin)
     under = undertrained(pd.concat([a, b]), floors) if value == "val_ppl" else []
     why = ""
     if under:
-        status, why = UNDERTRAINED, f"; {len(under)} of the runs do not beat the bigram floor (under-trained)"
+        status, why = UNDERTRAINED, f"; {len(under)} of the runs do not beat the 3-gram floor (under-trained)"
     elif d.lo is None:
         why = "; one seed: no interval"
     elif status == INCONCLUSIVE and expect == "=":
-        margin = EQUIVALENCE_MARGIN * abs(b[value].mean())
-        why = (f"; no difference shown, but the interval is wider than the equivalence margin +-{margin:.3g} "
-               f"({EQUIVALENCE_MARGIN:.0%} of {names[1]})")
+        why = (f"; no difference shown, but the interval is wider than the equivalence margin "
+               f"+-{margin * abs(b[value].mean()):.3g} ({margin:.2%} of {names[1]})")
     elif status == HOLDS and expect == "=":
-        why = f"; within the equivalence margin +-{EQUIVALENCE_MARGIN * abs(b[value].mean()):.3g}"
+        why = f"; within the equivalence margin +-{margin * abs(b[value].mean()):.3g} ({margin:.2%})"
     elif status == INCONCLUSIVE and paper_effect is not None and d.mde > paper_effect * abs(b[value].mean()):
         status = UNDERPOWERED
         why = (f"; underpowered: the MDE is {d.mde / abs(b[value].mean()):.1%} of {names[1]}, the paper's "
@@ -140,10 +144,12 @@ def combine(verdicts: list[Verdict], names: list[str]) -> Verdict:
     return Verdict(status, sentence, numbers)
 
 
-def judge_all(claims: list[Claim], results) -> pd.DataFrame:
+def judge_all(claims: list[Claim], results, untested: dict[str, str] | None = None) -> pd.DataFrame:
     """Every claim's verdict, one row each (id, figure, claim, verdict, evidence), the directional claims
-    of one table or figure (`figure`) corrected together for multiplicity (Holm)."""
-    verdicts = [c.judge(results) for c in claims]
+    of one table or figure (`figure`) corrected together for multiplicity (Holm). `untested`: claim id ->
+    why what was run cannot test it ("not tested", not judged)."""
+    untested = untested or {}
+    verdicts = [Verdict(NOT_TESTED, untested[c.id]) if c.id in untested else c.judge(results) for c in claims]
     for figure in dict.fromkeys(c.figure for c in claims):
         family = [v for c, v in zip(claims, verdicts, strict=True)
                   if c.figure == figure and v.status in (HOLDS, FAILS) and "p" in v.numbers]

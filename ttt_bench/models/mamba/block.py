@@ -141,7 +141,9 @@ class Mamba(nn.Module):
                             "use backend=auto|cuda")
         kernel = self.backend == "cpu" or (self.backend == "auto" and scan_cpu.supports(x, self.d_state)
                                             and scan_cpu.available())
-        _log_backend("cpu (C++ selective scan kernel)" if kernel else "torch (chunked selective scan)")
+        no_cuda_kernels = self.backend == "auto" and x.is_cuda and cuda_kernels() is None
+        why = ": mamba-ssm / causal-conv1d do not import here" if no_cuda_kernels else ""
+        _log_backend("cpu (C++ selective scan kernel)" if kernel else f"torch (chunked selective scan{why})")
         return self._forward_torch(x, cache, kernel)
 
     def _forward_torch(self, x: torch.Tensor, cache: MambaCache | None, kernel: bool = False) -> torch.Tensor:

@@ -525,3 +525,42 @@ class MLPDualScan(torch.autograd.Function):
             db2 += dzbar2.sum(-2, keepdim=True) + dz2.sum(-2, keepdim=True)
         _bh(dW1).baddbmm_(_bh(xq).mT, _bh(dzbar1)).baddbmm_(_bh(xk).mT, _bh(dz1))
         return ln_l2.dw2_terms(dc)
+
+
+BATCH_GD_CHUNK = 64
+
+
+def ttt_linear_batch_gd(XQ, XK, XV, token_eta, lr, W, b, ln=None, chunk: int = BATCH_GD_CHUNK,
+                        outputs: bool = True):
+    """One mini-batch of TTT-Linear that is the whole sequence (batch GD, b = T: Theorem 1's rows of
+    Table 1), in O(T c f) rather than the dual form's O(T^2 f). Every gradient is taken at W_0, and
+    eta[t, s] = token_eta[t] lr[s] factors, so Equation 8 with its mask is chunked causal linear attention:
+
+        z_t = x_t W_0 + b - token_eta[t] (x_t S_t + s_t),
+        S_t = sum_{s <= t} lr_s x_s^T g_s,  s_t = sum_{s <= t} lr_s g_s
+
+    within a chunk of c tokens the masked products, across chunks the running sums. The same function as
+    `forms.dual_step` with b = T (tests/test_ttt_forms.py), autograd for the backward.
+    XQ, XK, XV [B, H, T, f]; token_eta [T]; lr [B, H, T]; W [B, H, f, f]; b [B, H, 1, f] or None; ln: the
+    LN's (weight, bias) [H, 1, f] or None. Returns Z [B, H, T, f] (with the +XQ residual under LN) and the
+    weights after the mini-batch (W_T, b_T); outputs=False computes only the weights (Z is None).
+    """
+    B, H, T, f = XQ.shape
+    (X,), (G,) = learner.grads((W, b), XK, XV, ln)
+    G = lr[..., None] * G  # lr_s g_s
+    Wb, Xq = W, XQ
+    if b is not None:  # the bias is the weight of a feature that is always 1
+        ones = XQ.new_ones(B, H, T, 1)
+        Wb, Xq, X = torch.cat([W, b], -2), torch.cat([XQ, ones], -1), torch.cat([X, ones], -1)
+    c = chunk if T % chunk == 0 else T
+    n, F = T // c, Xq.shape[-1]
+    Xq_c, X_c, G_c = Xq.reshape(B, H, n, c, F), X.reshape(B, H, n, c, F), G.reshape(B, H, n, c, f)
+    kv = X_c.mT @ G_c  # each chunk's sum_s x_s^T lr_s g_s, [B, H, n, F, f]
+    W_T = Wb - token_eta[-1] * kv.sum(2)
+    Z = None
+    if outputs:
+        before = kv.cumsum(2) - kv  # the sums over the chunks before
+        inner = (Xq_c @ X_c.mT).tril() @ G_c  # within the chunk, s <= t
+        Z = (Xq_c @ Wb.unsqueeze(2) - token_eta.view(n, c, 1) * (Xq_c @ before + inner)).view(B, H, T, f)
+        Z = XQ + learner.layer_norm(Z, *ln) if ln is not None else Z
+    return (Z, W_T, None) if b is None else (Z, W_T[..., :f, :], W_T[..., f:, :])

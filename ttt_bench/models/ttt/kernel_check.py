@@ -4,17 +4,23 @@
 where they have been checked: once per (GPU name, torch version, Triton version), the dual-form kernel and the
 decode kernel run on small random inputs and their outputs and the gradients of every input are compared with
 the PyTorch implementations they replace (dual_scan.ttt_linear_dual, triton_decode.decode_reference). The
-verdict is kept in a small JSON file under the user cache dir (`cache_path`), so later processes do not check
-again. A mismatch or a kernel that does not compile sends TTT-Linear to the PyTorch dual form, with one
-warning per process that says why and where the verdict is kept (delete the file to check again).
+verdict is kept in a small JSON file under the user cache dir (`cache_path`) with the code
+(`code_version`) and the NVIDIA driver (`driver_version`) it was checked with: a passing verdict spares
+later processes the check until one of them changes; a failed one is only a record, and every new process
+checks again (a failure may be transient, or fixed by a new driver, install or kernel). A mismatch or a
+kernel that does not compile sends TTT-Linear to the PyTorch dual form, with one warning per process that
+says why.
 `kernel: triton` forces the kernels without this check; `kernel: torch` or TTT_BENCH_KERNELS=torch never uses
 them. `precision()` is the matmul precision the layer runs the dual-form kernel in (tf32 by default, see
 PRECISION); the check compares it in both precisions. `log_path_once` says once which path a shape takes.
 """
 
+import functools
+import hashlib
 import json
 import logging
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -97,6 +103,25 @@ def key(device: torch.device) -> str:
     return f"{device_name(device)} | torch {torch.__version__} | triton {triton_version}"
 
 
+@functools.cache
+def code_version() -> str:
+    """A hash of the code a verdict is about: the Triton kernels, the PyTorch dual form they are compared
+    with, the decode kernel's wrapper and this check (its cases and tolerances)."""
+    here = Path(__file__).parent
+    sources = [*sorted(Path(kernels.__file__).parent.glob("*.py")), here / "dual_scan.py",
+               here / "triton_decode.py", Path(__file__)]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()[:16]
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version (/proc/driver/nvidia/version), "none" where there is none."""
+    try:
+        found = re.search(r"Kernel Module\s+(\S+)", Path("/proc/driver/nvidia/version").read_text())
+    except OSError:
+        return "none"
+    return found.group(1) if found else "unknown"
+
+
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
@@ -177,26 +202,27 @@ def _read_cache(path: Path) -> dict:
 
 
 def verdict(device: torch.device) -> dict:
-    """The check's verdict for `device` ({"ok", "detail", "checked", "tolerance"}): this process's, else the
-    cache file's, else a new check (recorded in the file). Warns once per process when the kernels are
-    rejected."""
+    """The check's verdict for `device` ({"ok", "detail", "checked", "tolerance", "code", "driver"}): this
+    process's, else the cache file's if it passed with this code and driver, else a new check (recorded in
+    the file). Warns once per process when the kernels are rejected."""
     k = key(device)
     if k in _verdicts:
         return _verdicts[k]
     path = cache_path()
+    stamp = {"code": code_version(), "driver": driver_version()}
     found = _read_cache(path).get(k)
-    if not (isinstance(found, dict) and isinstance(found.get("ok"), bool)):
-        log.info("checking the Triton TTT-Linear kernels against PyTorch on %s (once; kept in %s)", k, path)
+    if not (isinstance(found, dict) and found.get("ok") is True and stamp.items() <= found.items()):
+        log.info("checking the Triton TTT-Linear kernels against PyTorch on %s (kept in %s)", k, path)
         found = {**compare_kernels(device), "checked": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "tolerance": TOLERANCE}
+                 "tolerance": TOLERANCE, **stamp}
         try:
             write_json(path, {**_read_cache(path), k: found})
         except OSError as e:  # a read-only home: the verdict holds for this process only
             log.warning("could not record the kernel check in %s: %s", path, e)
     if not found["ok"]:
         warnings.warn(f"Triton TTT-Linear kernels rejected on {k} ({found['detail']}); TTT-Linear uses the "
-                      f"PyTorch dual form. The verdict is kept in {path}: delete it to check again, or force "
-                      "the kernels with model.block.kernel=triton", RuntimeWarning, stacklevel=2)
+                      "PyTorch dual form. The next process checks again (TTT_BENCH_KERNELS=torch skips the "
+                      "check, model.block.kernel=triton forces the kernels)", RuntimeWarning, stacklevel=2)
     _verdicts[k] = found
     return found
 

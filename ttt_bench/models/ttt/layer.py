@@ -236,9 +236,15 @@ class TTTLayer(nn.Module):
         N = (T - t) // b
         if N:  # complete mini-batches, [B, H, N, b, .]
             split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
-            eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
             XQ, XK, XV = split(xq), split(xk), split(xv)
-            if self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, params[1], ln):
+            batch_gd = (self.form == "dual" and self.learner == "linear" and N == 1
+                        and b > dual_scan.BATCH_GD_CHUNK)
+            eta = None if batch_gd else self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
+            if batch_gd:  # b = T: chunked, O(T c f) instead of the [T, T] dual form's O(T^2 f)
+                one = (XQ[:, :, 0], XK[:, :, 0], XV[:, :, 0])
+                Z, *params = dual_scan.ttt_linear_batch_gd(*one, self.token_eta(0, b), lr[..., t : t + b],
+                                                           *params, ln)
+            elif self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, params[1], ln):
                 # matmuls in tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: kernel_check.PRECISION says why
                 Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln,
                                                      precision=kernel_check.precision())
