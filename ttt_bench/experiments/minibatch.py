@@ -191,8 +191,9 @@ def minibatch_figure(reg: pd.DataFrame, timing: pd.DataFrame | None, floors: dic
     return fig
 
 
-def inner_loss_figure(df: pd.DataFrame, window: int = 10):
-    """Figures 5/17: the three inner losses per layer against the token index."""
+def inner_loss_figure(df: pd.DataFrame, window: int = 10, mini_batch: str | None = None):
+    """Figures 5/17: the three inner losses per layer against the token index (of a network with TTT
+    mini-batch size `mini_batch`, named in the title when given)."""
     layers = sorted(df["layer"].unique())
     if not layers:
         raise ValueError("no inner losses")
@@ -212,7 +213,8 @@ def inner_loss_figure(df: pd.DataFrame, window: int = 10):
     for ax in axes.flat[len(layers) :]:
         ax.axis("off")
     P.legend_below(fig, P.handles_of(axes[0][0]), ncols=3)
-    fig.suptitle(f"TTT inner losses per layer (averaged over windows of {window} tokens)", fontsize=11)
+    of = f" of TTT-Linear (M) with mini-batch b = {mini_batch}" if mini_batch else ""
+    fig.suptitle(f"TTT inner losses per layer{of} (averaged over windows of {window} tokens)", fontsize=11)
     return fig
 
 
@@ -228,7 +230,8 @@ def plot_inner_loss(inputs: list[Path], stem: Path) -> list[Path]:
     src = inputs[0]
     df = pd.read_csv(src)
     if "position" in df:
-        return P.save(inner_loss_figure(df), stem)
+        b = str(df["mini_batch"].iloc[0]) if "mini_batch" in df else None
+        return P.save(inner_loss_figure(df, mini_batch=b), stem)
     if "config" not in df:  # one MTTT run: its validation images, titled <model>-<size>-<data>-T<tokens>
         df = df[df["split"] == "val"].assign(config=src.resolve().parent.parent.name)
     fig = mttt.inner_steps_figure(df, min_steps=1)
@@ -335,7 +338,8 @@ class MiniBatch(Experiment):
 
     def measure(self, step, trained, ctx) -> None:
         """Figure 8 (right), timed with the runs (tabulating or only restoring them keeps the committed
-        timing); Figures 5/17: the inner losses of the b=1 networks, one per seed."""
+        timing); Figures 5/17: the inner losses of the networks with the smallest b trained, one per seed
+        (the paper's are b = 1)."""
         reg = trained.registry
         if not (step.dir / "timing.csv").is_file() or (ctx.train and not step.restored_only(reg)):
             step.csv("timing.csv", time_w_and_z(self.sweep["mini_batch_sizes"],
@@ -346,8 +350,12 @@ class MiniBatch(Experiment):
             ckpt = sweep_dir / r.run / "checkpoints" / "last.ckpt"
             return checkpoint_inner_losses(str(ckpt)).assign(seed=r.seed) if ckpt.is_file() else None
 
-        b1 = reg[(reg["mini_batch"].astype(str) == "1") & (reg["status"] == "finished")]
-        step.per_run("inner_loss.csv", b1, measure)
+        done = reg[reg["status"] == "finished"]
+        sizes = [b for b in done["mini_batch"].astype(str) if b.isdigit()]
+        smallest = done[done["mini_batch"].astype(str) == min(sizes, key=int)] if sizes else done.iloc[:0]
+        df = step.per_run("inner_loss.csv", smallest, measure)
+        if df is not None:  # which b the figure shows
+            step.csv("inner_loss.csv", df.assign(mini_batch=min(sizes, key=int)))
 
     def tabulate(self, folder: Path) -> None:
         reg, floors = read_csv(folder, "registry.csv"), read_csv(folder, "floors.csv")
@@ -357,7 +365,9 @@ class MiniBatch(Experiment):
                folder / "minibatch")
         inner = read_csv(folder, "inner_loss.csv")
         if inner is not None:
-            P.save(inner_loss_figure(inner[inner["seed"] == inner["seed"].min()]), folder / "inner_loss")
+            b = str(inner["mini_batch"].iloc[0]) if "mini_batch" in inner else "1"  # older steps: b = 1
+            P.save(inner_loss_figure(inner[inner["seed"] == inner["seed"].min()], mini_batch=b),
+                   folder / "inner_loss")
         write_atomic(folder / "minibatch.md", summary_table(reg, ["label"], floors))
 
     @property
