@@ -24,8 +24,8 @@ from .experiments.engine.report import StepContext, update_readme, write_report
 from .experiments.engine.runner import Progress
 
 README_HEADLINE = ("table1", "table1.md",
-                   "Table 1 (pile-mini, context 128, size `xs`; perplexity per byte, mean +- std over "
-                   "seeds):")
+                   "Table 1 (pile-mini, context 1,024 bytes, size `xs`; perplexity per byte, mean +- std "
+                   "over seeds, and the bootstrap standard error of each evaluation over documents):")
 
 
 def planned_runs(profile: str, data_dir: str | None, names=None) -> list[tuple[str, str, dict]]:

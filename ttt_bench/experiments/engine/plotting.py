@@ -217,6 +217,14 @@ def floors_for(floors: dict | None, role: str | None) -> dict[str, float]:
     return dict(floors.get(role) or {})
 
 
+def near_floors(floors: dict[str, float], values, deciding: str = "3-gram", reach: float = 1.3) -> dict:
+    """The floors worth drawing beside `values`: the one that decides under-training (`deciding`) and those
+    within a factor `reach` of the values' range, so that the axis shows the data rather than every floor."""
+    lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+    return {k: v for k, v in floors.items()
+            if k.split(" ")[0] == deciding or lo / reach <= v <= hi * reach}
+
+
 def _floor_linestyle(name: str, order: list[str]):
     key = name.split()[0].lower()
     if key in _FLOOR_LINESTYLES:
