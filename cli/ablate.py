@@ -24,21 +24,26 @@ def run(args: list[str]) -> None:
         "--plan", action="store_true", help="print the runs, their overrides and estimated time; run nothing"
     )
     p.add_argument(
-        "launcher",
+        "overrides",
         nargs="*",
-        help="Hydra overrides for the launcher, e.g. hydra/launcher=joblib "
-        "hydra.launcher.n_jobs=2, or hydra/launcher=submitit_slurm hydra.launcher.partition=gpu",
+        help="Hydra overrides: for the launcher (hydra/launcher=joblib hydra.launcher.n_jobs=2, or "
+        "hydra/launcher=submitit_slurm hydra.launcher.partition=gpu), or for training, applied to every run "
+        "and part of its identity (e.g. trainer.max_steps=2 for a trial: another sweep folder is advised)",
     )
-    a = p.parse_intermixed_args(args)  # launcher overrides before or after the options
+    a = p.parse_intermixed_args(args)  # overrides before or after the options
+    launcher = [o for o in a.overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    overrides = [o for o in a.overrides if o not in launcher]
+    if seeded := [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "seed"]:
+        fail(f"{seeded[0]}: the sweep sets each run's seed (the profile's seeds); leave seed= out")
     if a.data_dir is not None and not (a.data_dir and Path(a.data_dir).is_dir()):
         fail(f"--data-dir {a.data_dir} is not a folder; pass the folder holding pile-mini/ and books-mini/ "
              "(e.g. ../shared/data), or leave it out for the synthetic corpus")
     experiment = EXPERIMENTS[a.sweep]
     if a.plan:
-        print_plan(experiment, a.profile, a.data_dir)
+        print_plan(experiment, a.profile, a.data_dir, overrides)
         return
     out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "sweeps" / f"{a.sweep}-{a.profile}"
-    trained = experiment.train(a.profile, out, a.data_dir, a.launcher)
+    trained = experiment.train(a.profile, out, a.data_dir, launcher, overrides=overrides)
     for key, value in ((k, v) for k, v in trained.info.items() if v):  # what the sweep decided (recall: lrs)
         print(f"{key}: " + (", ".join(f"{m} {v:g}" for m, v in value.items()) if isinstance(value, dict)
                             else str(value)))
@@ -50,14 +55,17 @@ def run(args: list[str]) -> None:
              "cause and run the same command again to train only those")
 
 
-def print_plan(experiment, profile: str, data_dir: str | None) -> None:
-    """Every stage's runs with their budget, FLOPs and estimated minutes on the reference CPU."""
+def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[str] = ()) -> None:
+    """Every stage's runs (with the user's training `overrides`) with their budget, FLOPs and estimated
+    minutes on the reference CPU."""
     from ttt_bench.experiments.engine.cost import CPU_TRAIN_FLOPS, run_cost
-    from ttt_bench.experiments.engine.plan import composed
+    from ttt_bench.experiments.engine.plan import composed, merge
 
     stages = experiment.stages(profile, data_dir)
     total = 0.0
     for folder, runs in stages:
+        for run in runs.values():
+            run.overrides = merge(run.overrides, list(overrides))
         if len(stages) > 1:
             print(f"# {folder}: {len(runs)} runs")
         for name, run in runs.items():

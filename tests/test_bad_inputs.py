@@ -269,15 +269,31 @@ def test_ablate_with_failed_runs_exits_2(capsys, tmp_path, monkeypatch):
 
     seen = {}
 
-    def sweep(profile, out, data_dir, launcher):
-        seen["launcher"] = launcher
+    def sweep(profile, out, data_dir, launcher, overrides=()):
+        seen["launcher"], seen["overrides"] = launcher, overrides
         return Trained(pd.DataFrame({"status": ["finished", "failed"], "error": [None, "boom"]}))
 
     monkeypatch.setattr(EXPERIMENTS["table1"], "train", sweep)
     err = cli_error(capsys, tmp_path, "ablate", "table1", "hydra/launcher=joblib", "--profile", "smoke",
-                    "--out", str(tmp_path / "sweep"), "hydra.launcher.n_jobs=2")
+                    "--out", str(tmp_path / "sweep"), "hydra.launcher.n_jobs=2", "trainer.max_steps=2")
     assert "1 of 2 runs failed" in err and "run the same command again" in err
     assert seen["launcher"] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    assert seen["overrides"] == ["trainer.max_steps=2"]  # a training override: every run, not the launcher
+
+
+def test_ablate_applies_training_overrides_to_every_run_or_refuses_them(capsys, tmp_path):
+    """A training override reaches every run's overrides (its identity: another folder's worth of runs),
+    --plan shows it, and the seed, which the sweep sets per run, is refused in one line."""
+    from ttt_bench.experiments import EXPERIMENTS
+
+    runs = EXPERIMENTS["minibatch"].plan("smoke", overrides=["trainer.max_steps=2", "size=xs"])
+    assert all(r.overrides[-1] == "trainer.max_steps=2" for r in runs.values())
+    assert all(r.overrides.count("size=xs") == 1 for r in runs.values())  # set again in place, not twice
+    main(["ablate", "minibatch", "--profile", "smoke", "--plan", "trainer.max_steps=2"])
+    out = capsys.readouterr().out
+    assert out.count("trainer.max_steps=2") == len(runs)
+    err = cli_error(capsys, tmp_path, "ablate", "minibatch", "--profile", "smoke", "seed=3")
+    assert "seed=3: the sweep sets each run's seed" in err
 
 
 # Wrong values for every subcommand: each must give one line (no traceback), a non-zero exit and no output.

@@ -234,20 +234,21 @@ class Recall(Experiment):
         return [(f"{self.name}/calibration", self.plan(profile, data_dir)), grid]
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
-              pipeline: Progress | None = None, committed: Path | None = None, train: bool = True) -> Trained:
+              pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
+              overrides: list[str] = ()) -> Trained:
         """The calibration grid in <out>/calibration, each method's best learning rate from it, then the whole
         grid at those rates in <out>. `committed`: a folder with an earlier session's registry.csv and
         calibration.csv."""
         out, lrs, files = Path(out), {}, {}
         committed = Path(committed) if committed is not None else None
         if self.calibrates(profile):
-            stage = Stage("calibration", self.plan(profile, data_dir),
+            stage = Stage("calibration", self.plan(profile, data_dir, overrides),
                           committed and committed / "calibration.csv")
             calibration = train_stage(self.name, profile, stage, out / "calibration", launcher, pipeline,
                                       train)
             files["calibration.csv"] = calibration.registry
             lrs = best_lrs(calibration.registry)
-        stage = Stage(self.name, self.plan(profile, data_dir, lrs=lrs),
+        stage = Stage(self.name, self.plan(profile, data_dir, overrides, lrs=lrs),
                       committed and committed / "registry.csv")
         grid = train_stage(self.name, profile, stage, out, launcher, pipeline, train)
         return Trained(grid.registry, {**grid.files, **files}, {"lrs": lrs})

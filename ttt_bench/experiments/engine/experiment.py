@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .plan import Run, check_profile, expand, load_sweep
+from .plan import Run, check_profile, expand, load_sweep, merge
 from .report import Step, StepContext
 from .runner import Progress, Stage, Trained, train_stage
 from .verdicts import Claim
@@ -71,11 +71,17 @@ class Experiment:
         """The sweep's configurations (seed 0, before `expand`)."""
         raise NotImplementedError
 
-    def plan(self, profile: str, data_dir: str | None = None, **options) -> dict[str, Run]:
-        """Every run of the sweep: each configuration once per seed. `options` go to the planner."""
+    def plan(self, profile: str, data_dir: str | None = None, overrides: list[str] = (),
+             **options) -> dict[str, Run]:
+        """Every run of the sweep: each configuration once per seed, with `overrides` (training overrides
+        of the user's, e.g. trainer.max_steps=2 for a trial) applied to every run, where they become part of
+        its identity. `options` go to the planner."""
         check_profile(profile)
         configs = self.configurations(profile, data_dir, **options)
-        return expand(configs, self.seeds(profile), self.sweep.get("data"), data_dir)
+        runs = expand(configs, self.seeds(profile), self.sweep.get("data"), data_dir)
+        for run in runs.values():
+            run.overrides = merge(run.overrides, list(overrides))
+        return runs
 
     def stages(self, profile: str, data_dir: str | None) -> list[tuple[str, dict[str, Run]]]:
         """(folder, runs) of every sweep folder the experiment trains, in order, as planned up front (the
@@ -84,10 +90,12 @@ class Experiment:
         return [(self.name, self.plan(profile, data_dir))] if self.trains else []
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
-              pipeline: Progress | None = None, committed: Path | None = None, train: bool = True) -> Trained:
-        """Train the sweep in `out` (skipping finished runs). `committed`: the step folder of an earlier
-        session, whose registry's finished runs count as done."""
-        stage = Stage(self.name, self.plan(profile, data_dir), committed and Path(committed) / "registry.csv")
+              pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
+              overrides: list[str] = ()) -> Trained:
+        """Train the sweep in `out` (skipping finished runs), every run with `overrides`. `committed`: the
+        step folder of an earlier session, whose registry's finished runs count as done."""
+        stage = Stage(self.name, self.plan(profile, data_dir, overrides),
+                      committed and Path(committed) / "registry.csv")
         return train_stage(self.name, profile, stage, out, launcher, pipeline, train)
 
     # ---- the step ----
