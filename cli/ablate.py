@@ -59,13 +59,11 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
     """Every stage's runs (with the user's training `overrides`) with their budget, FLOPs and estimated
     minutes on the reference CPU."""
     from ttt_bench.experiments.engine.cost import CPU_TRAIN_FLOPS, run_cost
-    from ttt_bench.experiments.engine.plan import composed, merge
+    from ttt_bench.experiments.engine.plan import composed
 
-    stages = experiment.stages(profile, data_dir)
+    stages = experiment.stages(profile, data_dir, overrides)
     total = 0.0
     for folder, runs in stages:
-        for run in runs.values():
-            run.overrides = merge(run.overrides, list(overrides))
         if len(stages) > 1:
             print(f"# {folder}: {len(runs)} runs")
         for name, run in runs.items():

@@ -355,16 +355,16 @@ class MiniBatch(Experiment):
                                                 **self.sweep["timing"][ctx.profile]))
         sweep_dir = ctx.runs / self.name
 
-        def measure(r):
+        def measure(r):  # with the run's b: the figure names it
             ckpt = sweep_dir / r.run / "checkpoints" / "last.ckpt"
-            return checkpoint_inner_losses(str(ckpt)).assign(seed=r.seed) if ckpt.is_file() else None
+            if not ckpt.is_file():
+                return None
+            return checkpoint_inner_losses(str(ckpt)).assign(seed=r.seed, mini_batch=str(r.mini_batch))
 
         done = reg[reg["status"] == "finished"]
         sizes = [b for b in done["mini_batch"].astype(str) if b.isdigit()]
         smallest = done[done["mini_batch"].astype(str) == min(sizes, key=int)] if sizes else done.iloc[:0]
-        df = step.per_run("inner_loss.csv", smallest, measure)
-        if df is not None:  # which b the figure shows
-            step.csv("inner_loss.csv", df.assign(mini_batch=min(sizes, key=int)))
+        step.per_run("inner_loss.csv", smallest, measure)
 
     def tabulate(self, folder: Path) -> None:
         reg, floors = read_csv(folder, "registry.csv"), read_csv(folder, "floors.csv")

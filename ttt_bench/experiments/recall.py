@@ -227,11 +227,12 @@ class Recall(Experiment):
                                               role="mqar", seeds=1 if calibrating else None))
         return runs
 
-    def stages(self, profile: str, data_dir: str | None) -> list[tuple[str, dict[str, Run]]]:
-        grid = (self.name, self.plan(profile, data_dir, lrs={}))  # at the chosen lrs: planned once they are
+    def stages(self, profile: str, data_dir: str | None,
+               overrides: list[str] = ()) -> list[tuple[str, dict[str, Run]]]:
+        grid = (self.name, self.plan(profile, data_dir, overrides, lrs={}))  # the chosen lrs: once they are
         if not self.calibrates(profile):
             return [grid]
-        return [(f"{self.name}/calibration", self.plan(profile, data_dir)), grid]
+        return [(f"{self.name}/calibration", self.plan(profile, data_dir, overrides)), grid]
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,

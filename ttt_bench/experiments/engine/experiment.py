@@ -83,11 +83,12 @@ class Experiment:
             run.overrides = merge(run.overrides, list(overrides))
         return runs
 
-    def stages(self, profile: str, data_dir: str | None) -> list[tuple[str, dict[str, Run]]]:
+    def stages(self, profile: str, data_dir: str | None,
+               overrides: list[str] = ()) -> list[tuple[str, dict[str, Run]]]:
         """(folder, runs) of every sweep folder the experiment trains, in order, as planned up front (the
         pipeline's progress; an experiment whose later stage depends on an earlier one plans it with
-        placeholders); none for an experiment that trains nothing."""
-        return [(self.name, self.plan(profile, data_dir))] if self.trains else []
+        placeholders); none for an experiment that trains nothing. `overrides`: as `plan`'s."""
+        return [(self.name, self.plan(profile, data_dir, overrides))] if self.trains else []
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
