@@ -24,18 +24,19 @@ GPU = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))  # what use_
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """An empty user cache dir, no verdict in this process, and a GPU by the name of "Test GPU" whose check
-    is the real comparison run on the CPU (Triton's interpreter); `fresh.calls` counts the checks."""
+    is the real comparison, run on the GPU where there is one, else on the CPU (Triton's interpreter: a
+    compiled kernel cannot read CPU tensors); `fresh.calls` counts the checks."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("TTT_BENCH_KERNELS", raising=False)
     monkeypatch.setattr(kernel_check, "_verdicts", {})
     monkeypatch.setattr(kernel_check, "device_name", lambda device: "Test GPU")
     compare, calls = kernel_check.compare_kernels, []
 
-    def on_cpu(device):
+    def here(device):
         calls.append(device)
-        return compare(torch.device("cpu"))
+        return compare(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
-    monkeypatch.setattr(kernel_check, "compare_kernels", on_cpu)
+    monkeypatch.setattr(kernel_check, "compare_kernels", here)
     return SimpleNamespace(calls=calls, cache=tmp_path / "ttt-bench" / "kernel_check.json")
 
 

@@ -163,3 +163,19 @@ def test_mixed_precision_runs_the_inner_loop_in_float32(learner_name):
     y.float().square().sum().backward()
     assert y.dtype == torch.bfloat16 and torch.isfinite(x.grad).all()
     assert rel_err(y.float(), ref) <= 0.05
+
+
+@pytest.mark.parametrize("learner_name", ["linear", "mlp"])
+def test_a_model_cast_to_bfloat16_prefills_and_decodes_with_a_float32_inner_loop(learner_name):
+    """`bench models --dtype bfloat16` casts the whole model: the inner loop's state (W0, b0, the TTT norm,
+    the lr gate, the token scale) is used in float32 all the same, and the output is close to float32's."""
+    model = tiny_model(learner=learner_name).float()
+    ids = torch.randint(0, 64, (2, 10))
+    ref = model(ids)
+    half = model.to(torch.bfloat16)
+    full = half(ids)
+    caches = half.init_caches(2, dtype=torch.bfloat16)
+    steps = [half(ids[:, :6], caches), *(half(ids[:, t : t + 1], caches) for t in range(6, 10))]
+    assert full.dtype == torch.bfloat16 and torch.isfinite(full.float()).all()
+    assert rel_err(full.float(), ref) <= 0.05
+    assert rel_err(torch.cat(steps, 1).float(), full.float()) <= 0.05

@@ -10,16 +10,14 @@ folder (`--out`, default results/gpu/) with a markdown summary.
   bench  `ttt-bench bench forms` (TTT-Linear fwd+bwd: primal, dual, dual-fused, Triton at the 125m width)
          -> bench_forms.csv; `ttt-bench bench models` at 125m in bf16, prefill and decode latency per token at
          1k-16k for transformer (SDPA), ttt_linear, ttt_mlp, mamba -> bench_models_125m.csv; the same at 1.3b,
-         prefill only (Figure 3) -> bench_prefill_1.3b.csv
+         prefill only at 1k, 4k, 16k (Figure 3) -> bench_prefill_1.3b.csv
   train  `ttt-bench train trainer=gpu` (bf16-mixed) of each model at 125m on the synthetic corpus (no files
          needed), 20 steps of 16k tokens, one process per model: first/last losses, whether the loss fell, no
          non-finite loss and no skipped step, tokens/s and peak memory (torch.cuda.max_memory_allocated)
          -> train.csv (run folders, with their checkpoints, stay in --work, not in --out)
 
-Expected time on one H100 (estimates, not measured: no GPU run exists yet): check ~2 min (most of it the
-test subset's compiles), bench ~7 min (forms ~1 min with torch.compile of dual-fused, 125m ~3 min, 1.3b
-prefill ~3 min), train ~5 min (4 x ~1 min: start-up, corpus, 20 steps, validation); ~14 min in all, under
-the 9 min per stage and 25 min in total the issue sets.
+Measured on one H200 (results/gpu/RUN.md): check 38 s, bench 161 s, train 144 s; sized for a lease of 15
+minutes of device time, start and install included.
 
 A stage whose outputs exist with its marker (`<out>/<stage>.done`) is skipped unless --force; every file is
 written atomically (io.write_atomic), so a stage cut off keeps the stages before it. SUMMARY.md is rebuilt
@@ -55,14 +53,14 @@ REPO = Path(__file__).resolve().parent.parent
 # The `ttt-bench bench` arguments per stage part: (real, dry).
 BENCH = {
     "forms": (["--d-model", "768", "--n-heads", "12", "--seq-len", "2048", "--tokens", "16384",
-               "--repeats", "5"],
+               "--repeats", "3"],
               ["--quick", "--no-fused", "--repeats", "1", "--warmup", "0", "--device", "cpu"]),
     "models_125m": (["--size", "125m", "--dtype", "bfloat16", "--phases", "prefill,decode", "--contexts",
-                     "1024-16384", "--batch", "4", "--decode-batch", "16", "--repeats", "3"],
+                     "1024-16384", "--batch", "4", "--decode-batch", "16", "--repeats", "2"],
                     ["--preset", "quick", "--phases", "prefill,decode", "--contexts", "64,128",
                      "--repeats", "1", "--warmup", "0", "--decode-tokens", "2", "--device", "cpu"]),
     "prefill_1.3b": (["--size", "1.3b", "--dtype", "bfloat16", "--phases", "prefill", "--contexts",
-                      "1024-16384", "--batch", "1", "--repeats", "2"],
+                      "1024,4096,16384", "--batch", "1", "--repeats", "1"],
                      ["--preset", "quick", "--d-model", "32", "--n-layers", "2", "--n-heads", "2",
                       "--phases", "prefill", "--contexts", "64", "--repeats", "1", "--warmup", "0",
                       "--device", "cpu"]),
@@ -321,7 +319,7 @@ def stage_train(st: Stage, work: Path) -> None:
             f"{row.get('last_loss', float('nan')):.3f}, {row.get('steady_tokens_per_s') or 'n/a'} tokens/s "
             f"(steady), peak {row.get('peak_mem_mb', float('nan')):.0f} MB ({row.get('peak_mem_kind', '?')})"
             + (f"; {row['error']}" if row.get("error") else ""))
-    write(st.out / "train.csv", pd.DataFrame(rows).to_csv(index=False))
+        write(st.out / "train.csv", pd.DataFrame(rows).to_csv(index=False))  # a stage cut off keeps its rows
 
 
 # -- driver ------------------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ def latency_figure(bench: pd.DataFrame):
         ctx = sorted(sub["context"].unique())
         info = []
         for col, fmt in (("device", "{}"), ("dtype", "{}"), ("threads", "{} threads"), ("batch", "batch {}")):
-            if col in sub and sub[col].notna().any():
+            on_cpu = "device" not in sub or sub["device"].astype(str).str.startswith("cpu").any()
+            if col in sub and sub[col].notna().any() and (col != "threads" or on_cpu):  # threads: CPU only
                 vals = sorted({str(v).removesuffix(".0") for v in sub[col].dropna()})
                 info.append(fmt.format("/".join(vals)))
         ax.set(xscale="log", yscale="log", xlabel="Context length", ylabel="Latency per token (ms)",

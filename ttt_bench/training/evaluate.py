@@ -102,10 +102,11 @@ def inner_losses(model: torch.nn.Module, dataset, max_sequences: int = 16, batch
         return None
     was_training = model.training
     model.eval()
-    n = min(max_sequences, len(dataset))
+    n, device = min(max_sequences, len(dataset)), next(model.parameters()).device
     with record_inner_losses(model) as rec:
         for start in range(0, n, batch_size):
-            model(torch.stack([dataset[i] for i in range(start, min(start + batch_size, n))])[:, :-1])
+            batch = torch.stack([dataset[i] for i in range(start, min(start + batch_size, n))])
+            model(batch[:, :-1].to(device))
     model.train(was_training)
     losses = rec.losses()
     rows = [

@@ -270,6 +270,7 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
         f"; resuming {resume}" if resume else "",
     )
     trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # ours, with numpy RNG states
+    module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU: evaluate where it ran
     return {"dm": dm, "module": module, "trainer": trainer, "timer": timer, "wall": timer.wall_s(),
             "init_from": init_from}
 

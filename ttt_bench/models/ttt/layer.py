@@ -45,6 +45,11 @@ def gelu_gate(g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return F.gelu(g, approximate="tanh") * z
 
 
+def at_least_f32(t: torch.Tensor) -> torch.Tensor:
+    """The inner loop's state and step sizes in float32 at least, also in a model cast to bfloat16."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 class TTTLayer(nn.Module):
     def __init__(
         self,
@@ -158,14 +163,16 @@ class TTTLayer(nn.Module):
     def initial_params(self, batch_size: int) -> tuple:
         names = ("W1", "b1") if self.learner == "linear" else ("W1", "b1", "W2", "b2")
         return tuple(
-            None if getattr(self, n) is None else getattr(self, n).expand(batch_size, *getattr(self, n).shape)
+            None if getattr(self, n) is None else at_least_f32(getattr(self, n)).expand(
+                batch_size, *getattr(self, n).shape)
             for n in names
         )
 
     def ln(self):
         if not self.ln_residual:
             return None
-        return self.ttt_norm_weight.view(self.n_heads, 1, -1), self.ttt_norm_bias.view(self.n_heads, 1, -1)
+        return (at_least_f32(self.ttt_norm_weight).view(self.n_heads, 1, -1),
+                at_least_f32(self.ttt_norm_bias).view(self.n_heads, 1, -1))
 
     def inner_lr(self, x: torch.Tensor) -> torch.Tensor:
         """lr of every token [B, H, T]: eta_base * sigmoid(theta_lr . x + bias) / head_dim (the authors'
@@ -173,13 +180,13 @@ class TTTLayer(nn.Module):
         base = self.eta_base * self.eta_scale / self.head_dim
         if not self.learnable_lr:
             return x.new_full((x.shape[0], self.n_heads, x.shape[1]), base)
-        # one [d, H] projection (an einsum over the [H, 1, d] weight would copy x for its backward)
-        logits = F.linear(x, self.lr_weight.flatten(1), self.lr_bias.flatten())  # [B, T, H]
+        # one [d, H] projection (an einsum over the [H, 1, d] weight would copy x for its backward): [B, T, H]
+        logits = F.linear(x, at_least_f32(self.lr_weight).flatten(1), at_least_f32(self.lr_bias).flatten())
         return base * torch.sigmoid(logits).transpose(1, 2)
 
     def token_eta(self, start: int, length: int) -> torch.Tensor:
         scale = self.token_idx if self.token_idx_offset is None else self.token_idx + self.token_idx_offset
-        return scale.clamp_min(0.0)[start : start + length]
+        return at_least_f32(scale).clamp_min(0.0)[start : start + length]
 
     @staticmethod
     def eta(token_eta: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
@@ -331,7 +338,8 @@ class TTTLayer(nn.Module):
                     self._record_inner_losses(xk, xv, lr)
                 z = self._ttt(xq, xk, xv, lr, cache)
 
-        z = self.post_norm(z.transpose(1, 2).reshape(B, T, D))
+        # back to the parameters' dtype (a no-op unless the model itself is cast, e.g. to bfloat16)
+        z = self.post_norm(z.transpose(1, 2).reshape(B, T, D).to(self.post_norm.weight.dtype))
         if self.g_proj is not None:
             z = fuse(gelu_gate, self.fused)(self.g_proj(x), z)
         if cache is not None:
