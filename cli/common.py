@@ -18,7 +18,7 @@ SUBCOMMANDS = {
 
 def fail(message: str, code: int = 2) -> None:
     message = " ".join(str(message).split())  # one line, whatever the exception text held
-    print(f"ttt-bench: error: {message}", file=sys.stderr)
+    print(f"ttt-bench: {'' if code == 130 else 'error: '}{message}", file=sys.stderr)
     sys.exit(code)
 
 

@@ -12,7 +12,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, did_you_mean, fail, os_error
 
 from ttt_bench.allocator import retain_freed_memory
-from ttt_bench.errors import UserError
+from ttt_bench.errors import Interrupted, UserError
 
 __all__ = ["SUBCOMMANDS", "ArgumentParser", "fail", "main", "os_error"]
 
@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
         dispatch(command, rest)
     except UserError as e:
         fail(str(e))
+    except (Interrupted, KeyboardInterrupt) as e:  # Ctrl-C / SIGTERM: training saved its last finished step
+        fail(str(e) or Interrupted(), code=130)  # a sweep's Interrupted arrives as a KeyboardInterrupt
     except (HydraException, OmegaConfBaseException) as e:  # e.g. bench's --set, --size
         fail(composition_error(e))
     except BrokenPipeError:  # the reader went away (`ttt-bench ... | head`): not an error of ours

@@ -3,44 +3,49 @@ train ...` runs `ttt-bench train ...` in a process that SIGKILLs itself, as a cr
 at optimizer step STEP (1-based, the numbering of losses.csv):
 - WHERE=step: while computing step STEP, after its backward pass and before the update;
 - WHERE=checkpoint_write: halfway through writing the checkpoint of step STEP (through the same atomic write
-  as production, so the test sees what a real crash there leaves).
+  as production, so the test sees what a real crash there leaves);
+- WHERE=last_write: halfway through writing last.ckpt at step STEP, after step-STEP.ckpt was written;
+- WHERE=final_eval: during the validation after training (STEP unused);
+- WHERE=sigint: sends itself SIGINT (Ctrl-C) during step STEP, before the update (it does not die: training
+  stops after the step, with its checkpoint).
 """
 
 import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from ttt_bench.cli.main import main
 
-from ttt_bench.training import checkpoint
+from ttt_bench.training import checkpoint, train
 
 
 def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class KillDuringStep(Callback):
-    def __init__(self, step: int):
-        self.step = step
+class SignalDuringStep(Callback):
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if trainer.global_step + 1 == self.step:
-            kill_self()
+            os.kill(os.getpid(), self.signum)
 
 
-def kill_during_step(step: int) -> None:
+def signal_during_step(step: int, signum: int = signal.SIGKILL) -> None:
     init = pl.Trainer.__init__
 
     def patched(self, *args, callbacks=None, **kwargs):
-        init(self, *args, callbacks=[*(callbacks or []), KillDuringStep(step)], **kwargs)
+        init(self, *args, callbacks=[*(callbacks or []), SignalDuringStep(step, signum)], **kwargs)
 
     pl.Trainer.__init__ = patched
 
 
-def kill_during_checkpoint_write(step: int) -> None:
+def kill_during_checkpoint_write(step: int, last: bool = False) -> None:
     atomic_file, save = checkpoint.atomic_file, checkpoint.AtomicCheckpointIO.save_checkpoint
     armed = []
 
@@ -54,13 +59,24 @@ def kill_during_checkpoint_write(step: int) -> None:
                 kill_self()
 
     def patched_save(self, ckpt: dict, path, storage_options=None) -> None:
-        armed[:] = [True] if ckpt.get("global_step") == step else []
+        at_step = ckpt.get("global_step") == step and (not last or Path(path).name == "last.ckpt")
+        armed[:] = [True] if at_step else []
         save(self, ckpt, path, storage_options)
 
     checkpoint.atomic_file, checkpoint.AtomicCheckpointIO.save_checkpoint = half_written, patched_save
 
 
+def kill_during_final_eval(step: int) -> None:
+    def killed(*args, **kwargs):
+        kill_self()
+
+    train.evaluate = killed
+
+
 if __name__ == "__main__":
     step, where, *argv = sys.argv[1:]
-    {"step": kill_during_step, "checkpoint_write": kill_during_checkpoint_write}[where](int(step))
+    {"step": signal_during_step, "sigint": lambda s: signal_during_step(s, signal.SIGINT),
+     "checkpoint_write": kill_during_checkpoint_write,
+     "last_write": lambda s: kill_during_checkpoint_write(s, last=True),
+     "final_eval": kill_during_final_eval}[where](int(step))
     main(argv)

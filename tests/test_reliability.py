@@ -93,7 +93,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
 
     log = (folder / "main.log").read_text()
     assert "last.ckpt is unreadable" in log
-    assert "resuming " + str(folder / "checkpoints" / "step-6.ckpt") in log
+    assert f"resuming from step 6 of 8 (checkpoint {folder / 'checkpoints' / 'step-6.ckpt'})" in log
     assert (folder / "losses.csv").read_text() == (reference / "losses.csv").read_text()
     assert len((reference / "losses.csv").read_text().splitlines()) == 1 + 8
     assert (folder / "metrics.csv").read_text() == (reference / "metrics.csv").read_text()  # every row once
@@ -123,6 +123,49 @@ def test_the_final_model_is_saved_when_max_steps_is_not_a_multiple_of_the_interv
                      f"ckpt_path={folder / 'checkpoints' / 'step-3.ckpt'}")
     assert not list((folder / "checkpoints").glob("last-v*.ckpt"))
     assert_identical(final_state(folder)["state_dict"], step8["state_dict"])
+
+
+@pytest.mark.parametrize("where", ["checkpoint_write", "last_write", "final_eval"])
+def test_a_kill_at_the_end_of_training_still_leaves_the_final_model(tmp_path, where):
+    """SIGKILL during the final checkpoint's write, during the write of last.ckpt after step-8.ckpt was
+    written, or during the validation after training: the same command finishes with last.ckpt at the final
+    step, bitwise the uninterrupted run's, and metrics.csv and losses.csv with every row of it. The CSV log is
+    flushed at every checkpoint (logged every step here), so a resume never loses a logged row."""
+    ref, chain = tmp_path / "ref", tmp_path / "chain"
+    every = ["checkpoint_every_n_steps=2", "trainer.log_every_n_steps=1"]
+    train_in_process(f"paths.runs={ref}", *every)
+    train_killed(8, where, f"paths.runs={chain}", *every)
+    folder = run_dir(chain)
+    assert not (folder / "metrics.json").exists()
+    train_in_process(f"paths.runs={chain}", *every)
+    reference = run_dir(ref)
+    assert_identical(final_state(folder), final_state(reference))
+    for name in ("metrics.csv", "losses.csv"):
+        assert (folder / name).read_text() == (reference / name).read_text(), name
+    assert json.loads((folder / "metrics.json").read_text())["steps"] == 8
+
+
+def test_ctrl_c_saves_the_step_and_the_same_command_resumes(tmp_path):
+    """SIGINT during step 3, long before the first checkpoint (every 100 steps): the step finishes,
+    step-3.ckpt and last.ckpt are written, the process says so in one line and exits 130; the same command
+    resumes from step 3 and ends bitwise where an uninterrupted run ends, with the same losses and CSV log."""
+    ref, chain = tmp_path / "ref", tmp_path / "chain"
+    every = ["checkpoint_every_n_steps=100", "trainer.log_every_n_steps=1"]
+    train_in_process(f"paths.runs={ref}", *every)
+    proc = subprocess.run([sys.executable, "-m", "tests.faults", "3", "sigint", "train", *RUN,
+                           f"paths.runs={chain}", *every],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "ttt-bench: interrupted at step 3 of 8; the same command resumes"
+    folder = run_dir(chain)
+    assert sorted(p.name for p in (folder / "checkpoints").glob("*.ckpt")) == ["last.ckpt", "step-3.ckpt"]
+    train_in_process(f"paths.runs={chain}", *every)
+    assert "resuming from step 3 of 8" in (folder / "main.log").read_text()
+    reference = run_dir(ref)
+    assert_identical(final_state(folder), final_state(reference))
+    for name in ("metrics.csv", "losses.csv"):
+        assert (folder / name).read_text() == (reference / name).read_text(), name
 
 
 def write_pile(folder: Path, word: str) -> None:
@@ -274,3 +317,22 @@ def test_each_lightning_message_is_logged_once_in_the_runs_format(root_first):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "Seed set to 3" in line]
     assert lines == ["ROOT Seed set to 3"], out.stdout + out.stderr
+
+
+def test_ctrl_c_stops_a_sweep_instead_of_recording_a_failed_run(tmp_path):
+    """SIGINT during the first run of `ablate minibatch --profile smoke`: that run saves its step and the
+    sweep stops with exit 130 (no later run starts, nothing is recorded as failed); the same command then
+    finishes every run."""
+    out = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "tests.faults", "2", "sigint", "ablate", "minibatch",
+                           "--profile", "smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    last_line = proc.stderr.strip().splitlines()[-1]
+    assert last_line == "ttt-bench: interrupted at step 2 of 8; the same command resumes"
+    started = [p.parent.parent.name for p in out.glob("*/checkpoints/last.ckpt")]
+    assert len(started) == 1 and not list(out.glob("*/metrics.json"))
+    main(["ablate", "minibatch", "--profile", "smoke", "--out", str(out)])
+    statuses = [json.loads(p.read_text()).get("status", "finished") for p in out.glob("*/metrics.json")]
+    assert len(statuses) == 3 and "failed" not in statuses
+    assert "resuming from step 2 of 8" in (out / started[0] / "hydra" / "runner.log").read_text()

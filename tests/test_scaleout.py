@@ -204,7 +204,8 @@ def test_ddp_group_killed_mid_run_resumes_to_the_same_final_state(one_and_two_pr
                                                                           "step-2.ckpt"]
     resumed = probe(root / "chain", root / "chain.log", *DDP)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming " + str(run / "checkpoints" / "last.ckpt") in (run / "main.log").read_text()
+    assert f"resuming from step 2 of 4 (checkpoint {run / 'checkpoints' / 'last.ckpt'})" in \
+        (run / "main.log").read_text()
     reference = one_and_two_processes["two"]
     assert (run / "losses.csv").read_text() == (reference / "losses.csv").read_text()
     a, b = final_params(run), final_params(reference)

@@ -3,6 +3,9 @@ resume: checkpoints at the final step, per-step losses, the CSV log, the wall cl
 in the checkpoints), a progress bar that counts optimizer steps."""
 
 import csv
+import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -12,25 +15,92 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
+from ..errors import Interrupted
 from ..io import atomic_file, write_atomic
 
 
 class StepCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint every `every_n_train_steps` steps and at the final step, so last.ckpt is the model that
-    metrics.json describes (Lightning saves on multiples of the interval only). It does not save again the
-    step a run resumed from: Lightning would rewrite step-N.ckpt and last.ckpt after the first micro-batch,
-    mid-accumulation, and a resume from those would misplace the accumulation windows."""
+    """ModelCheckpoint every `every_n_train_steps` steps and at the final step, after the final validation,
+    so last.ckpt is the model that metrics.json describes (Lightning saves on multiples of the interval only).
+    It does not save again the step a run resumed from: Lightning would rewrite step-N.ckpt and last.ckpt
+    after the first micro-batch, mid-accumulation, and a resume from those would misplace the accumulation
+    windows. A run resumed from a step-N.ckpt at its final step (killed between that file and last.ckpt)
+    copies it to last.ckpt. The loggers are flushed before every checkpoint, so a resume from it finds every
+    row logged before it on disk."""
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._last_global_step_saved = trainer.global_step
 
+    def on_train_batch_end(self, trainer, pl_module, *args, **kwargs) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:  # the final step: saved by on_train_end, after the
+            return                                        # final validation has logged its rows
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+
     def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self._last_global_step_saved:  # max_steps not a multiple of the interval
+        self.save_now(trainer)  # the final step
+        super().on_train_end(trainer, pl_module)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        """(Lightning skips the train hooks of a run resumed at its final step; this one always runs.)"""
+        last = Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        resumed = trainer.ckpt_path and Path(trainer.ckpt_path).resolve() != last.resolve()
+        if resumed and not getattr(self, "_saved_here", False) and trainer.is_global_zero:
+            with open(trainer.ckpt_path, "rb") as src, atomic_file(last) as dst:
+                shutil.copyfileobj(src, dst)
+
+    def save_now(self, trainer) -> None:
+        """step-N.ckpt and last.ckpt at the current step (unless saved already): StopOnSignal's checkpoint."""
+        if trainer.global_step != self._last_global_step_saved:
             candidates = self._monitor_candidates(trainer)
             self._save_topk_checkpoint(trainer, candidates)
             self._save_last_checkpoint(trainer, candidates)
-        super().on_train_end(trainer, pl_module)
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        for logger in trainer.loggers:
+            logger.save()
+        super()._save_checkpoint(trainer, filepath)
+        self._saved_here = True
+
+
+class StopOnSignal(Callback):
+    """Ctrl-C (SIGINT) or SIGTERM during training: finish the optimizer step in progress and its logging, then
+    save its checkpoint (atomically, step-N.ckpt and last.ckpt, through the run's StepCheckpoint) and raise
+    Interrupted, so the same command resumes from it bitwise. A second signal stops at once (Python's
+    default handling)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum, self.previous, self.stop = None, {}, False
+
+    def _received(self, signum, frame) -> None:
+        self.signum = signum
+        for sig, handler in self.previous.items():  # the next one is not caught
+            signal.signal(sig, handler)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step_seen = trainer.global_step
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._received) for sig in self.SIGNALS}
+
+    def on_train_batch_end(self, trainer, pl_module, *args, **kwargs) -> None:
+        boundary, self.step_seen = trainer.global_step != self.step_seen, trainer.global_step
+        if not boundary:  # mid-accumulation: a checkpoint there would not resume exactly
+            return
+        self.stop = self.signum is not None
+        if trainer.world_size > 1:  # all ranks stop at the same step (a signal reaches each at its own time)
+            self.stop = trainer.strategy.reduce_boolean_decision(self.stop, all=False)
+
+    def on_train_batch_start(self, trainer, pl_module, *args, **kwargs) -> None:
+        if self.stop:  # the step's rows are logged by now (Lightning logs after on_train_batch_end)
+            trainer.checkpoint_callback.save_now(trainer)
+            raise Interrupted(trainer.global_step, trainer.max_steps)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
 
 
 class LossLog(Callback):

@@ -30,7 +30,7 @@ from ..errors import UserError
 from ..flops import train_flops
 from ..io import write_json
 from ..vision.flops import count_flops
-from .callbacks import LossLog, RunCSVLogger, StepCheckpoint, StepProgressBar, StepTimer
+from .callbacks import LossLog, RunCSVLogger, StepCheckpoint, StepProgressBar, StepTimer, StopOnSignal
 from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpoint
 from .evaluate import (
     bits_per_byte,
@@ -236,6 +236,7 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
         LearningRateMonitor(logging_interval="step"),
         LossLog(run_dir / "losses.csv"),
         timer,
+        StopOnSignal(),
         *([StepProgressBar()] if cfg.trainer.get("enable_progress_bar", True) else []),
     ]
     trainer = instantiate(
@@ -267,7 +268,8 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
         geo["tokens_per_step"],
         module.unit,
         geo["accumulate"],
-        f"; resuming {resume}" if resume else "",
+        f"; resuming from step {resume_step} of {cfg.trainer.max_steps} (checkpoint {resume})" if resume
+        else "",
     )
     trainer.fit(module, datamodule=dm, ckpt_path=resume, weights_only=False)  # ours, with numpy RNG states
     module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU: evaluate where it ran
