@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "generate": "sample text from a checkpoint: ttt-bench generate CKPT --prompt 'Once'",
     "ablate": "run a sweep into a results registry: ttt-bench ablate table1",
     "plot": "draw a paper figure from a registry: ttt-bench plot scaling",
+    "runs": "list run folders with their status and numbers: ttt-bench runs runs/",
     "bench": "measure speed: ttt-bench bench models",
     "doctor": "what this machine supports: torch, CUDA, bf16, kernels, data folder, each model's kernel path",
 }

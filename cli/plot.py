@@ -7,6 +7,8 @@ from pathlib import Path
 
 from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, fail
 
+from ttt_bench.errors import UserError
+
 
 def run(args: list[str]) -> None:
     from ttt_bench.experiments import plots
@@ -30,12 +32,16 @@ def run(args: list[str]) -> None:
     for path in a.inputs:
         if not path.exists():
             fail(f"{path} does not exist")
-    if src.is_dir() and not any((src / name).is_file() for name in ("plan.json", "registry.csv")):
+    run_figures = ("curves", "token-index", "inner-loss")  # they also take run folders
+    if src.is_dir() and a.figure not in run_figures and \
+            not any((src / name).is_file() for name in ("plan.json", "registry.csv")):
         fail(f"{src} is not a sweep folder (no plan.json or registry.csv); pass the --out folder of "
              "`ttt-bench ablate`")
     with tempfile.TemporaryDirectory() as tmp:  # drawn aside, then copied: a failure leaves no partial figure
         try:
             paths = figures[a.figure].draw(a.inputs, Path(tmp) / a.figure.replace("-", "_"))
+        except UserError as e:
+            fail(str(e))
         except (ValueError, KeyError, IndexError) as e:
             fail(f"cannot draw {a.figure} from {src} ({type(e).__name__}: {e}); is it the right input? "
                  "(see --help)")

@@ -82,6 +82,7 @@ def tiny(command: str, inputs: dict) -> list[str]:
               "runs/sweeps/minibatch-smoke": inputs["minibatch"],
               "runs/<run>/inner_losses.csv": root / "inner_losses.csv",
               "runs/bench/models.csv": root / "models.csv", "figures/": root / "figs",
+              "runs/": root / "runs",
               "../shared/data": DATA_DIR}
     args = [str(places.get(a, a)) for a in args]
     if "../shared/data" in command and not DATA_DIR.is_dir():

@@ -5,7 +5,7 @@ EXPERIMENTS lists them in the order `make reproduce` runs them and the claim tab
 a sweep config (conf/sweep/<name>.yaml), a module with an `Experiment` subclass, and a line here.
 """
 
-from . import budgets, latency, longrange, minibatch, mttt, recall, scaling, table1, units
+from . import budgets, curves, latency, longrange, minibatch, mttt, recall, scaling, table1, units
 from .engine.experiment import Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {
@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         mttt.PATCHES,
         mttt.PIXELS,
         mttt.ABLATION,
+        curves.EXPERIMENT,  # no step of its own: `ttt-bench plot curves` of ad-hoc runs
     )
 }
 

@@ -237,6 +237,10 @@ def plot_inner_loss(inputs: list[Path], stem: Path) -> list[Path]:
     """A language model's inner losses by token position, or MTTT's by inner step: a run's inner_losses.csv
     (for MTTT, its validation images) or a reproduce step's inner_loss.csv (MTTT: one panel a row)."""
     src = inputs[0]
+    if Path(src).is_dir():  # a run folder
+        src = Path(src) / "inner_losses.csv"
+        if not src.is_file():
+            raise ValueError(f"no inner_losses.csv in {src.parent} (runs with TTT layers write one)")
     df = pd.read_csv(src)
     if "position" in df:
         b = str(df["mini_batch"].iloc[0]) if "mini_batch" in df else None
@@ -405,8 +409,8 @@ class MiniBatch(Experiment):
                                      "timing.csv)", plot_minibatch),
             "inner-loss": PlotCommand("TTT inner losses per layer: against the token index for a language "
                                       "model (Figs 5/17), against the inner step for MTTT (its Figs 1 "
-                                      "right/3/4); INPUT: a run's inner_losses.csv or an MTTT step's "
-                                      "inner_loss.csv",
+                                      "right/3/4); INPUT: a run folder or its inner_losses.csv, or an "
+                                      "MTTT step's inner_loss.csv",
                                       plot_inner_loss),
         }
 

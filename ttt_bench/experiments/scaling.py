@@ -14,6 +14,7 @@ import pandas as pd
 from ..flops import match_flops
 from ..io import write_atomic
 from . import units
+from .curves import plot_token_index_of_runs
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand, Section, drawn, read_csv
 from .engine.floors import drawn_floors, read_drawn_floors
@@ -334,6 +335,8 @@ def plot_context(inputs: list[Path], stem: Path) -> list[Path]:
 
 
 def plot_token_index(inputs: list[Path], stem: Path) -> list[Path]:
+    if Path(inputs[0]).is_dir() and not (Path(inputs[0]) / "registry.csv").is_file():  # run folders
+        return plot_token_index_of_runs(inputs, stem)
     reg = read_registry(inputs[0])
     curves = read_token_index(token_index_runs(reg), inputs[0])
     return P.save(token_index_figure(reg, curves, floors=read_drawn_floors(inputs[0])), stem)
@@ -471,7 +474,7 @@ class Scaling(Experiment):
             "context": PlotCommand("context length as a hyper-parameter (Fig 13); INPUT: a scaling sweep "
                                    "folder", plot_context),
             "token-index": PlotCommand("perplexity per token index (Figs 2 right/14); INPUT: a scaling sweep "
-                                       "folder", plot_token_index),
+                                       "folder, or run folders", plot_token_index),
         }
 
 

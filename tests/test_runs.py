@@ -1,0 +1,72 @@
+"""`ttt-bench runs` lists run folders with their status and numbers, and `ttt-bench plot curves` (and
+token-index, inner-loss) draw from run folders (issue 35, point 1)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ttt_bench.cli.main import main
+
+from tests.conftest import TINY
+from ttt_bench.training.runs import list_runs, loss_curves
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A finished transformer run, a TTT-Linear run killed at step 3 (checkpoints every 2 steps) and a
+    failed run (its metrics.json as a sweep records a failure)."""
+    root = tmp_path_factory.mktemp("runs")
+    common = [*TINY, "trainer.max_steps=6", "eval_every_n_steps=2", f"paths.runs={root}"]
+    main(["train", "model=transformer", "size=xs", *common])
+    proc = subprocess.run([sys.executable, "-m", "tests.faults", "3", "step", "train", "model=ttt_linear",
+                           "size=xs", *common, "checkpoint_every_n_steps=2"],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[1])
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    failed = root / "sweep" / "broken-s0"
+    failed.mkdir(parents=True)
+    (failed / "metrics.json").write_text(json.dumps({"status": "failed", "error": "ValueError: bad width"}))
+    return root
+
+
+def test_list_runs_gives_each_runs_status_and_numbers(runs):
+    table = list_runs(runs).set_index("model")
+    assert table.loc["transformer", "status"] == "finished"
+    assert table.loc["transformer", "steps"] == 6 and table.loc["transformer", "val"] > 1
+    assert table.loc["ttt_linear", "status"] == "stopped at step 2 of 6 (resumes from step 2)"
+    assert table.loc["?", "status"] == "failed: ValueError: bad width"
+    assert set(table["context"].dropna()) == {64}
+
+
+def test_runs_command_prints_a_table_and_csv(runs, capsys):
+    main(["runs", str(runs)])
+    out = capsys.readouterr().out
+    assert "finished" in out and "stopped at step 2 of 6" in out and "failed: ValueError" in out
+    main(["runs", str(runs), "--csv"])
+    assert capsys.readouterr().out.splitlines()[0].startswith("run,model,size,data,context,status")
+
+
+def test_runs_of_a_missing_folder_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["runs", str(tmp_path / "nope")])
+    assert e.value.code == 2 and "is not a folder" in capsys.readouterr().err
+
+
+def test_loss_curves_have_training_and_validation_by_step_and_tokens(runs):
+    (finished,) = [p.parent for p in runs.rglob("metrics.json") if "transformer" in str(p)]
+    curves = loss_curves(finished)
+    train, val = curves[curves["split"] == "train"], curves[curves["split"] == "validation"]
+    assert list(train["step"]) == [1, 2, 3, 4, 5, 6] and list(val["step"]) == [2, 4, 6]
+    assert (curves["tokens"] == curves["step"] * 512).all()
+
+
+@pytest.mark.parametrize("figure", ["curves", "token-index", "inner-loss"])
+def test_plot_draws_from_run_folders(runs, tmp_path, figure, capsys):
+    if figure == "inner-loss":  # a finished TTT run's folder
+        main(["train", "model=ttt_linear", "size=xs", *TINY, "trainer.max_steps=2", f"paths.runs={tmp_path}"])
+        inputs = [str(next(p.parent for p in tmp_path.rglob("inner_losses.csv")))]
+    else:
+        inputs = [str(runs)]
+    main(["plot", figure, *inputs, "--out", str(tmp_path)])
+    assert (tmp_path / f"{figure.replace('-', '_')}.png").stat().st_size > 0

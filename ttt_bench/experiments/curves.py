@@ -1,0 +1,91 @@
+"""Loss curves of ad-hoc runs (not a figure of the papers): `ttt-bench plot curves RUN...` draws the training
+loss (per step, smoothed) and the validation loss of several run folders against steps and against tokens
+seen, one colour per run. `ttt-bench runs` lists the run folders (training/runs.py)."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..training.runs import find_runs, loss_curves, read_run
+from .engine import plotting as P
+from .engine.experiment import Experiment, PlotCommand
+
+SMOOTH = 8  # steps of the training loss's moving average
+
+
+def run_folders(inputs: list[Path]) -> list[Path]:
+    """The run folders named, or found under the folders named."""
+    runs = [run for path in inputs for run in find_runs(path)]
+    if not runs:
+        named = ", ".join(map(str, inputs))
+        raise ValueError(f"no run folder (with identity.json or metrics.json) in {named}")
+    return runs
+
+
+def curves_figure(curves: dict[str, pd.DataFrame]):
+    """Two panels, loss against steps and against tokens: a run's smoothed training loss as a line, its
+    validation losses as markers of the same colour."""
+    fig, axes = P.plt.subplots(1, 2, figsize=(10, 4.2), squeeze=False, layout="constrained")
+    colours = P.plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, df) in enumerate(curves.items()):
+        colour = colours[i % len(colours)]
+        train, val = df[df["split"] == "train"], df[df["split"] == "validation"]
+        smooth = train["loss"].rolling(SMOOTH, min_periods=1).mean()
+        for ax, x in zip(axes[0], ("step", "tokens"), strict=True):
+            ax.plot(train[x], smooth, color=colour, lw=1.4, label=label)
+            if not val.empty:
+                ax.plot(val[x], val["loss"], "o--", color=colour, ms=4, lw=0.8, label=f"{label} (validation)")
+    for ax, x in zip(axes[0], ("Optimizer step", "Tokens (or images) seen"), strict=True):
+        ax.set(xlabel=x, ylabel="Loss (nats)", title=f"Training loss (mean of {SMOOTH} steps) and validation")
+        ax.grid(alpha=0.3)
+    P.legend_below(fig, P.handles_of(axes[0][0]))
+    return fig
+
+
+def plot_curves(inputs: list[Path], stem: Path) -> list[Path]:
+    runs = [run for run in run_folders(inputs) if (run / "losses.csv").is_file()]  # failed ones: none
+    if not runs:
+        raise ValueError("no run folder with a losses.csv (runs that trained at least one step have one)")
+    labels = {}
+    for run in runs:
+        r = read_run(run)
+        label = f"{r.model}-{r.size}-{r.data}-T{r.context}"
+        labels[label if label not in labels else f"{label} ({run.name[:12]})"] = loss_curves(run)
+    return P.save(curves_figure(labels), stem)
+
+
+def plot_token_index_of_runs(inputs: list[Path], stem: Path, window: int = 8) -> list[Path]:
+    """`ttt-bench plot token-index RUN...`: each run's validation perplexity by token index (its
+    token_index.csv, averaged over windows of `window` tokens)."""
+    fig, ax = P.plt.subplots(figsize=(6.2, 4.8), layout="constrained")
+    drawn = 0
+    for run in run_folders(inputs):
+        if not (run / "token_index.csv").is_file():
+            continue
+        r, df = read_run(run), pd.read_csv(run / "token_index.csv")
+        loss = df.set_index("token_index")["loss"].rolling(window, min_periods=1).mean()
+        ax.plot(loss.index, np.exp(loss), lw=1.5, label=f"{r.model}-{r.size}-{r.data}-T{r.context}")
+        drawn += 1
+    if not drawn:
+        raise ValueError("no token_index.csv in the run folders (language-model runs write one)")
+    ax.set(xscale="log", yscale="log", xlabel=f"Token index (loss averaged over windows of {window} tokens)",
+           ylabel="Validation perplexity", title="Perplexity by position in the context")
+    P.finish_log_axis(ax, "x", ticks=P.nice_log_ticks(*ax.get_xlim(), max_ticks=6))
+    P.finish_log_axis(ax, "y")
+    P.legend_below(fig, P.handles_of(ax))
+    return P.save(fig, stem)
+
+
+class Curves(Experiment):
+    name = "curves"
+    trains = False
+
+    @property
+    def plots(self) -> dict:
+        return {"curves": PlotCommand("training and validation loss against steps and tokens of several "
+                                      "runs; INPUT: run folders, or folders of runs (e.g. runs/)",
+                                      plot_curves)}
+
+
+EXPERIMENT = Curves()

@@ -1,0 +1,125 @@
+"""What the run folders under a folder hold, for `ttt-bench runs` and `ttt-bench plot curves`: each run's
+model, size, data, context, status (finished / stopped at step N / failed / running), steps, tokens,
+validation number and speed, and its loss curves. Read only: nothing here writes to a run folder."""
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import UserError
+from .run_folder import in_use
+
+
+@dataclass
+class RunRecord:
+    run: str  # the folder, relative to the folder listed
+    model: str
+    size: str
+    data: str
+    context: int | None  # tokens a sequence (language models) or tokens an image (MTTT)
+    status: str  # finished | stopped at step N of M | failed: <error> | running
+    steps: int | None
+    tokens: int | None  # tokens (language models) or images seen
+    val: float | None  # validation perplexity (language models) or accuracy (images)
+    val_metric: str
+    tokens_per_s: float | None
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Every run folder at or under `root`, sorted: a folder `ttt-bench train` claimed (identity.json), or
+    one a sweep recorded as failed (metrics.json with a status). Eval outputs are not runs."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder; pass a run folder or a folder of runs (e.g. runs/)")
+    found = {p.parent for p in root.rglob("identity.json")}
+    found |= {p.parent for p in root.rglob("metrics.json") if "status" in _json(p)}
+    return sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(root).parts))
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _saved_step(run_dir: Path) -> int | None:
+    steps = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("step-*.ckpt")
+             if (m := re.fullmatch(r"step-(\d+)\.ckpt", p.name))]
+    return max(steps, default=None)
+
+
+def _last_logged_step(run_dir: Path) -> int | None:
+    try:
+        rows = (run_dir / "losses.csv").read_text().strip().splitlines()[1:]
+        return int(rows[-1].split(",")[0]) if rows else None
+    except (OSError, ValueError):
+        return None
+
+
+def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
+    run_dir = Path(run_dir)
+    metrics, config = _json(run_dir / "metrics.json"), _json(run_dir / "identity.json").get("config", {})
+    image = metrics.get("task") == "image" or config.get("task") == "image"
+    max_steps = config.get("trainer", {}).get("max_steps")
+    status = metrics.get("status", "finished" if "val_loss" in metrics or "val_accuracy" in metrics else None)
+    steps = metrics.get("steps")
+    if status == "failed":
+        status = f"failed: {metrics.get('error', '')}".strip()
+    elif status is None:
+        if in_use(run_dir):
+            status = "running"
+        else:
+            logged = _last_logged_step(run_dir)
+            status = f"stopped at step {logged if logged is not None else 0} of {max_steps}"
+            saved = _saved_step(run_dir)
+            status += f" (resumes from step {saved})" if saved else " (no checkpoint: starts again)"
+            steps = logged
+    val = metrics.get("val_accuracy") if image else metrics.get("val_ppl")
+    context = (metrics.get("num_tokens") if image else
+               metrics.get("seq_len", config.get("data", {}).get("seq_len")))
+    model = metrics.get("model") or config.get("model", {}).get("name", "?")
+    size = metrics.get("size") or config.get("size", {}).get("name", "?")
+    data = metrics.get("data") or config.get("data", {}).get("name", "?")
+    number = lambda v: None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+    return RunRecord(
+        run=str(run_dir.relative_to(root)) if root and run_dir != Path(root) else run_dir.name,
+        model=model, size=size, data=data, context=context, status=status, steps=steps,
+        tokens=metrics.get("tokens_seen"), val=number(val), val_metric="val_acc" if image else "val_ppl",
+        tokens_per_s=number(metrics.get("steady_tokens_per_s") or metrics.get("tokens_per_s")))
+
+
+def list_runs(root: Path) -> pd.DataFrame:
+    """One row per run folder under `root` (RunRecord's fields)."""
+    root = Path(root)
+    records = [asdict(read_run(p, root)) for p in find_runs(root)]
+    return pd.DataFrame(records, columns=list(RunRecord.__dataclass_fields__))
+
+
+def loss_curves(run_dir: Path) -> pd.DataFrame:
+    """A run's losses: rows (split, step, tokens, loss), training from losses.csv, validation from
+    metrics.csv; tokens = step x the run's tokens (or images) a step."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "losses.csv").is_file():
+        raise UserError(f"{run_dir} has no losses.csv; pass the folder of a run `ttt-bench train` wrote")
+    train = pd.read_csv(run_dir / "losses.csv").assign(split="train")
+    frames = [train[["split", "step", "loss"]]]
+    if (run_dir / "metrics.csv").is_file():
+        logged = pd.read_csv(run_dir / "metrics.csv")
+        if "val/loss" in logged:
+            val = logged.dropna(subset=["val/loss"])
+            # Lightning logs the validation after step k with step k - 1
+            frames.append(pd.DataFrame({"split": "validation", "step": val["step"].astype(int) + 1,
+                                        "loss": val["val/loss"]}))
+    curves = pd.concat(frames, ignore_index=True)
+    metrics, config = _json(run_dir / "metrics.json"), _json(run_dir / "identity.json").get("config", {})
+    recipe = config.get("recipe", {})
+    seen = metrics.get("steps") and metrics.get("tokens_seen")
+    per_step = (metrics["tokens_seen"] / metrics["steps"] if seen else
+                recipe.get("tokens_per_batch") or recipe.get("batch_size"))
+    curves["tokens"] = curves["step"] * per_step if per_step else float("nan")
+    return curves
