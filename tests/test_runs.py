@@ -70,3 +70,30 @@ def test_plot_draws_from_run_folders(runs, tmp_path, figure, capsys):
         inputs = [str(runs)]
     main(["plot", figure, *inputs, "--out", str(tmp_path)])
     assert (tmp_path / f"{figure.replace('-', '_')}.png").stat().st_size > 0
+
+
+def test_logger_tensorboard_writes_event_files_beside_the_csv_log(tmp_path):
+    """logger=tensorboard (conf/logger/): events under <run>/tensorboard/, and the run's own CSV log as
+    always; the logger is not part of the run's identity (the same run folder as logger=csv)."""
+    main(["train", "model=transformer", "size=xs", *TINY, "trainer.max_steps=2", "logger=tensorboard",
+          f"paths.runs={tmp_path}"])
+    (run,) = [p.parent for p in tmp_path.rglob("identity.json")]
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run / "losses.csv").is_file()
+    main(["train", "model=transformer", "size=xs", *TINY, "trainer.max_steps=2", f"paths.runs={tmp_path}"])
+    assert [p.parent for p in tmp_path.rglob("identity.json")] == [run]  # finished: the same folder
+
+
+@pytest.mark.parametrize("logger,package", [("wandb", "wandb"), ("mlflow", "mlflow")])
+def test_a_logger_without_its_package_is_one_line_before_anything_is_written(tmp_path, capsys, logger,
+                                                                             package):
+    import importlib.util
+
+    if importlib.util.find_spec(package):
+        pytest.skip(f"{package} is installed here")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "model=transformer", "size=xs", *TINY, f"logger={logger}", f"paths.runs={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert f"logger={logger} needs the {package} package" in err and f".[{logger}]" in err
+    assert not list(tmp_path.iterdir())

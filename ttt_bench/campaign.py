@@ -79,7 +79,7 @@ TRAIN = (["size=125m", "trainer=gpu", "trainer.max_steps=20", "data.seq_len=1024
           "recipe.tokens_per_batch=256", "data.corpus.train_docs=12", "data.corpus.validation_docs=2",
           "data.val_tokens=1024"])
 TRAIN_COMMON = ["data=synthetic", "trainer.enable_progress_bar=false", "eval_every_n_steps=100000",
-                "checkpoint_every_n_steps=100000", "tensorboard=false"]
+                "checkpoint_every_n_steps=100000"]
 
 # Runs `ttt-bench train` and prints the process's peak memory at exit (CUDA allocator, else the CPU's RSS).
 PEAK_WRAPPER = (

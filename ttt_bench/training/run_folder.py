@@ -14,7 +14,7 @@ from ..errors import UserError
 from ..io import write_json
 
 # Settings that change where things are written or how a run is watched, not what it computes.
-OPERATIONAL = ("ckpt_path", "paths", "tensorboard", "checkpoint_every_n_steps", "eval_every_n_steps", "hydra",
+OPERATIONAL = ("ckpt_path", "paths", "logger", "checkpoint_every_n_steps", "eval_every_n_steps", "hydra",
                "data.cache_dir", "data.num_proc", "trainer.enable_progress_bar", "trainer.log_every_n_steps")
 
 

@@ -12,6 +12,7 @@ training loop's own throughput, the number to compare with `ttt-bench bench mode
 (docs/speed.md).
 """
 
+import importlib.util
 import logging
 import math
 import warnings
@@ -21,7 +22,6 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -111,6 +111,27 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# The package each logger of conf/logger/ needs (any one of them), and the install extra that has it.
+LOGGER_PACKAGES = {"TensorBoardLogger": (("tensorboard", "tensorboardX"), "tensorboard"),
+                   "WandbLogger": (("wandb",), "wandb"), "MLFlowLogger": (("mlflow",), "mlflow")}
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """Each logger of `logger=` has its package, before anything is written (one line naming the extra)."""
+    for name, spec in (cfg.get("logger") or {}).items():
+        target = str(spec.get("_target_", "")).rsplit(".", 1)[-1]
+        modules, extra = LOGGER_PACKAGES.get(target, ((), None))
+        if modules and not any(importlib.util.find_spec(m) for m in modules):
+            raise UserError(f"logger={name} needs the {modules[0]} package, which is not installed; "
+                            f"pip install -e '.[{extra}]' (or drop logger={name})")
+
+
+def loggers(cfg: DictConfig, run_dir: Path) -> list:
+    """The loggers of `logger=` (conf/logger/), each writing under <run>/<name>/."""
+    chosen = cfg.get("logger") or {}
+    return [instantiate(spec, save_dir=str(run_dir / name)) for name, spec in chosen.items()]
+
+
 def check_shared(cfg: DictConfig, ints: dict, required: bool) -> None:
     """What both tasks check before any data is prepared: positive integer and number settings (`ints`
     beside the shared ones; `required`: missing ones are errors too), the learning-rate schedule (warm-up
@@ -126,6 +147,7 @@ def check_shared(cfg: DictConfig, ints: dict, required: bool) -> None:
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
                         "has none; use trainer=cpu (the default)")
+    check_loggers(cfg)
     lr, min_lr, warmup = cfg.recipe.lr, cfg.recipe.get("min_lr", 0.0), cfg.recipe.get("warmup_fraction", 0.0)
     if not (_number(min_lr) and 0 <= min_lr <= lr):
         raise UserError(f"recipe.min_lr={min_lr!r} must be a number between 0 and recipe.lr={lr}")
@@ -243,7 +265,7 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
         cfg.trainer,
         callbacks=callbacks,
         logger=[RunCSVLogger(run_dir, resume_step)]
-        + ([TensorBoardLogger(run_dir, name="", version="tensorboard")] if cfg.get("tensorboard") else []),
+        + loggers(cfg, run_dir),
         default_root_dir=run_dir,
         accumulate_grad_batches=geo["accumulate"],
         val_check_interval=cfg.eval_every_n_steps * geo["accumulate"],
