@@ -48,11 +48,29 @@ def run(args: list[str]) -> None:
         print(f"{key}: " + (", ".join(f"{m} {v:g}" for m, v in value.items()) if isinstance(value, dict)
                             else str(value)))
     df = trained.registry
+    print_results(experiment, Path(out))
     counts = df["status"].value_counts().to_dict()
     print(f"{a.sweep}: {counts}; registry {Path(out) / 'registry.csv'}")
     if counts.get("failed"):  # recorded and skipped by the sweep; the command still says it did not succeed
         fail(f"{counts['failed']} of {len(df)} runs failed (see the registry's 'error' column); fix the "
              "cause and run the same command again to train only those")
+
+
+def print_results(experiment, out: Path) -> None:
+    """The sweep's tables (written into `out` as the reproduce step writes them) and its claims' verdicts."""
+    from ttt_bench.experiments.engine.report import Results
+    from ttt_bench.experiments.engine.verdicts import judge_all
+
+    experiment.tabulate(out)
+    for table in sorted(out.glob("*.md")):
+        print(f"\n## {table.name}\n\n{table.read_text().strip()}")
+    if experiment.claims:
+        results = Results(steps=[experiment.name], folders={experiment.name: out})
+        verdicts = judge_all(experiment.claims, results)
+        print("\n## verdicts (from this folder alone; `make reproduce` judges every step together)\n")
+        for v in verdicts.itertuples():
+            print(f"- {v.verdict}: {v.claim} {v.evidence}")
+    print()
 
 
 def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[str] = ()) -> None:

@@ -112,15 +112,18 @@ class StepContext:
 
 class Results:
     """The step folders of one reproduction, as the claims read them: any step's CSV by name (read once), and
-    the n-gram floors of every step together. `frames`: tables given directly, by (step, file name)."""
+    the n-gram floors of every step together. `frames`: tables given directly, by (step, file name);
+    `folders`: a step's folder where it is not <out>/<step> (e.g. an `ablate --out` folder)."""
 
-    def __init__(self, out: Path | None = None, steps: list[str] = (), frames: dict | None = None):
-        self.out, self.steps = out, list(steps)
+    def __init__(self, out: Path | None = None, steps: list[str] = (), frames: dict | None = None,
+                 folders: dict | None = None):
+        self.out, self.steps, self.folders = out, list(steps), dict(folders or {})
         self.frames: dict[tuple[str, str], pd.DataFrame | None] = dict(frames or {})
 
     def csv(self, step: str, name: str = "registry.csv") -> pd.DataFrame | None:
         if (step, name) not in self.frames:
-            path = None if self.out is None else Path(self.out) / step / name
+            folder = self.folders.get(step) or (None if self.out is None else Path(self.out) / step)
+            path = None if folder is None else Path(folder) / name
             self.frames[step, name] = pd.read_csv(path) if path is not None and path.is_file() else None
         return self.frames[step, name]
 

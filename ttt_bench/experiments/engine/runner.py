@@ -24,6 +24,7 @@ from ...errors import Interrupted
 from ...io import write_atomic, write_json
 from ...training.run_folder import RunFolderInUse, in_use
 from ...training.train import train
+from .cost import run_cost
 from .floors import text_floors
 from .plan import Run, composed
 from .registry import (
@@ -42,13 +43,14 @@ class Progress:
     """The whole pipeline's progress line, "run k/N, elapsed, ETA": `make reproduce` plans it over every
     sweep; a sweep run alone counts its own runs. It lives in a file (`path`), so that every process that
     trains the pipeline's runs (Hydra's joblib workers, a second `make reproduce`) reports the same line; the
-    run folders say which runs have finished. The ETA scales the time spent so far by the planned tokens
-    still to train."""
+    run folders say which runs have finished. The ETA scales the time spent so far by the planned training
+    FLOPs still to train (cost.py's estimate: one unit for language and image runs alike), or by the runs
+    left where no FLOPs are known."""
 
-    def __init__(self, path: Path, tokens: dict | None = None, finished_before: list | None = None,
+    def __init__(self, path: Path, flops: dict | None = None, finished_before: list | None = None,
                  start: float | None = None):
         self.path = Path(path)
-        self.tokens: dict[str, float] = tokens or {}  # run folder -> planned tokens
+        self.flops: dict[str, float] = flops or {}  # run folder -> planned training FLOPs (0: unknown)
         self.finished_before = set(finished_before or ())  # finished when planned: not this session's work
         self.start = start or time.time()
 
@@ -57,13 +59,13 @@ class Progress:
             run_dir = str(Path(out) / name)
             if run_finished(run_dir):
                 self.finished_before.add(run_dir)
-                self.tokens[run_dir] = 0.0
+                self.flops[run_dir] = 0.0
                 continue
             try:
-                self.tokens[run_dir] = float(composed(run.overrides).recipe.total_tokens)
+                self.flops[run_dir] = float(run_cost(composed(run.overrides)).train_flops)
             except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
-                self.tokens[run_dir] = 0.0
-        write_json(self.path, {"tokens": self.tokens, "finished_before": sorted(self.finished_before),
+                self.flops[run_dir] = 0.0
+        write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
                                "start": self.start})
 
     @classmethod
@@ -74,12 +76,18 @@ class Progress:
             return cls(path)
 
     def begin(self, name: str) -> None:
-        done = {d for d in self.tokens if run_finished(d)}
-        trained = sum(t for d, t in self.tokens.items() if d in done and d not in self.finished_before)
-        left = sum(t for d, t in self.tokens.items() if d not in done)
+        done = {d for d in self.flops if run_finished(d)}
+        mine = done - self.finished_before  # finished in this session: they measure the speed
+        trained = sum(self.flops[d] for d in mine)
+        left = sum(f for d, f in self.flops.items() if d not in done)
         elapsed = time.time() - self.start
-        eta = f"ETA {elapsed / trained * left / 60:.0f} min" if trained else "ETA after a run"
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + 1, len(self.tokens), name, elapsed / 60,
+        if trained > 0 and all(self.flops[d] > 0 for d in self.flops if d not in done):
+            eta = f"ETA {elapsed / trained * left / 60:.0f} min"
+        elif mine:  # no FLOP estimate for some runs: the mean time of a run
+            eta = f"ETA {elapsed / len(mine) * (len(self.flops) - len(done)) / 60:.0f} min (by run count)"
+        else:
+            eta = "ETA after a run"
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + 1, len(self.flops), name, elapsed / 60,
                  eta)
 
 
@@ -99,6 +107,26 @@ def stale(run_dir: Path, run: Run) -> bool:
     return _identity(recorded) != _identity(run.overrides)
 
 
+# Lightning's per-run banners ("Seed set to 0", "GPU available: False", "`Trainer.fit` stopped"), a third of a
+# sweep's log: at debug level in sweeps, shown only where the logger is set to debug
+BANNER_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed",
+                  "lightning.pytorch.accelerators.cuda")
+
+
+def demote_to_debug(record: logging.LogRecord) -> bool:
+    if record.levelno != logging.INFO:
+        return True
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def quiet_banners() -> None:
+    for name in BANNER_LOGGERS:
+        logger = logging.getLogger(name)
+        if demote_to_debug not in logger.filters:
+            logger.addFilter(demote_to_debug)
+
+
 def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
     """Train one run of a plan unless it has finished; record a failure instead of raising."""
     import hydra
@@ -110,6 +138,7 @@ def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
         return
     command = "ttt-bench train " + " ".join(shlex.quote(o) for o in run.overrides)
     write_json(run_dir / "run.json", {"name": name, **run.to_json(), "command": command})
+    quiet_banners()
     progress.begin(name)
     try:
         try:  # composed by the planner in this process; a job in another process (SLURM) composes it
