@@ -170,9 +170,11 @@ def linear_floor(r, sweep: str) -> float | None:
     return float(floors.set_index("floor")["test_acc"].get(LINEAR_FLOOR, np.nan))
 
 
-def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = "", paper_gap: float | None = None):
+def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = "", paper_gap: float | None = None,
+                   margin_points: float | None = None):
     """Config a's test accuracy against b's over seeds; `paper_gap`: the paper's difference in points, which
-    an inconclusive result whose MDE exceeds it could not have seen (underpowered)."""
+    an inconclusive result whose MDE exceeds it could not have seen (underpowered); `margin_points`: the
+    equivalence margin of '=' in points (default: verdicts.EQUIVALENCE_MARGIN of b)."""
 
     def judge(r) -> Verdict:
         df = finished_runs(r.csv(sweep))
@@ -183,8 +185,9 @@ def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = "", pap
         rows = df[df["config"].isin([a, b])]
         reference = rows.loc[rows["config"] == b, "test_acc_pct"]
         effect = None if paper_gap is None or reference.empty else paper_gap / abs(reference.mean())
+        margin = None if margin_points is None or reference.empty else margin_points / abs(reference.mean())
         v = compare(rows[rows["config"] == a], rows[rows["config"] == b], (label(a), label(b)), expect, None,
-                    paper=paper, value="test_acc_pct", paper_effect=effect)
+                    paper=paper, value="test_acc_pct", paper_effect=effect, margin=margin)
         floor = linear_floor(r, sweep)
         below = [] if floor is None else rows.loc[rows["test_acc_pct"] <= floor, "run"].tolist()
         if below and v.status != MISSING:  # as the language models' bigram floor: under-trained runs
@@ -296,15 +299,28 @@ class MTTTTable(Experiment):
             fig.savefig(folder / "inner_loss.png", dpi=120)
             P.plt.close(fig)
 
+    def paper_gap(self, a: str, b: str) -> float | None:
+        pa, pb = self.paper_acc(a), self.paper_acc(b)
+        return None if pa is None or pb is None else abs(pa - pb)
+
+    @property
+    def margin_points(self) -> float | None:
+        """The table's equivalence margin: half the smallest difference the paper reports among its
+        directional claims, in points (None: none known, the default margin)."""
+        gaps = [g for _, _, _, a, b, expect in self.comparisons
+                if expect != "=" and (g := self.paper_gap(a, b))]
+        return min(gaps) / 2 if gaps else None
+
     @property
     def claims(self) -> list[Claim]:
         out = []
         for claim_id, figure, sentence, a, b, expect in self.comparisons:
             pa, pb = self.paper_acc(a), self.paper_acc(b)
-            known = pa is not None and pb is not None
-            paper = f" (paper: {pa:.1f} vs {pb:.1f})" if known else ""
-            gap = abs(pa - pb) if known and expect != "=" else None
-            out.append(Claim(claim_id, figure, sentence, accuracy_claim(self.name, a, b, expect, paper, gap)))
+            paper = f" (paper: {pa:.1f} vs {pb:.1f})" if pa is not None and pb is not None else ""
+            gap = self.paper_gap(a, b) if expect != "=" else None
+            margin = self.margin_points if expect == "=" else None
+            out.append(Claim(claim_id, figure, sentence,
+                             accuracy_claim(self.name, a, b, expect, paper, gap, margin)))
         return out + [c(self) if callable(c) and not isinstance(c, Claim) else c for c in self.extra_claims]
 
 

@@ -99,8 +99,9 @@ def compare(
         status, why = UNDERTRAINED, f"; {len(under)} of the runs do not beat the 3-gram floor (under-trained)"
     elif d.lo is None:
         why = "; one seed: no interval"
-    elif status == INCONCLUSIVE and expect == "=":
-        why = (f"; no difference shown, but the interval is wider than the equivalence margin "
+    elif status == INCONCLUSIVE and expect == "=":  # these seeds could not show equality: underpowered
+        status = UNDERPOWERED
+        why = (f"; underpowered: no difference shown, but the interval is wider than the equivalence margin "
                f"+-{margin * abs(b[value].mean()):.3g} ({margin:.2%} of {names[1]})")
     elif status == HOLDS and expect == "=":
         why = f"; within the equivalence margin +-{margin * abs(b[value].mean()):.3g} ({margin:.2%})"
