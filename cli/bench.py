@@ -39,18 +39,21 @@ def run(args: list[str]) -> None:
 
     import pandas as pd
 
-    from ttt_bench.bench.common import hardware
+    from ttt_bench.bench.common import conditions, hardware, load_average
     from ttt_bench.io import write_atomic
 
     a = parser().parse_args(args)
     check_options(a)
     suite = importlib.import_module(f"ttt_bench.bench.{a.suite}")
-    start = time.perf_counter()
+    start, load = time.perf_counter(), load_average()
     try:
         df = suite.run(a)
     except ValueError as e:
         fail(str(e))
     wall = time.perf_counter() - start
+    threads = getattr(a, "threads", None) or 1
+    cond = conditions(load, threads)
+    df = df.assign(**cond)
 
     out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "bench" / f"{a.suite}.csv"
     write_atomic(out, df.to_csv(index=False))
@@ -61,4 +64,7 @@ def run(args: list[str]) -> None:
         print(line)
     print(f"command: ttt-bench bench {' '.join(args)}")
     print(f"hardware: {hardware()}; wall time {wall:.0f} s")
+    loaded = "; TAKEN UNDER LOAD: other work competed for the cores, the timings are not reliable"
+    print(f"conditions: load average {cond['load_before']} before, {cond['load_after']} after, {threads} "
+          f"threads{loaded if cond['under_load'] else ''}")
     print(f"wrote {out}")

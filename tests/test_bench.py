@@ -76,3 +76,18 @@ def test_scan_suite_times_every_implementation(tmp_path):
         expected.insert(1, ("kernel", 32))
     assert sorted(zip(df.impl, df.seqlen, strict=True)) == expected
     assert (df.median_ms > 0).all() and (df[df.impl == "mambapy_pscan"].speedup_vs_mambapy == 1).all()
+
+
+def test_a_timing_records_its_conditions_and_says_when_it_was_taken_under_load(tmp_path, capsys, monkeypatch):
+    """Every bench CSV carries the load average before and after, the threads and `under_load`; a load
+    above the cores the timing leaves free marks it (issue 35, point 8)."""
+    from ttt_bench.bench import common
+
+    monkeypatch.setattr(common, "load_average", lambda: 64.0)  # a busy machine
+    main(["bench", "forms", "--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--tokens", "64",
+          "--repeats", "1", "--out", str(tmp_path / "f.csv")])
+    out = capsys.readouterr().out
+    df = pd.read_csv(tmp_path / "f.csv")
+    assert {"load_before", "load_after", "threads_used", "under_load"} <= set(df.columns)
+    assert df["under_load"].all() and "TAKEN UNDER LOAD" in out
+    assert common.under_load(0.0, threads=1) is False

@@ -26,6 +26,27 @@ def hardware() -> str:
     )
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average (NaN where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return float("nan")
+
+
+def under_load(load_before: float, threads: int) -> bool:
+    """Whether other work competed with a timing: the load average before it exceeded the cores the timing
+    leaves free (cores - threads) by more than half a core."""
+    return load_before > max(0, (os.cpu_count() or 1) - threads) + 0.5
+
+
+def conditions(load_before: float, threads: int) -> dict:
+    """The conditions of a timing, as columns of its CSV: load average before and after, the threads used,
+    and whether it was taken under load."""
+    return {"load_before": round(load_before, 2), "load_after": round(load_average(), 2),
+            "threads_used": threads, "under_load": under_load(load_before, threads)}
+
+
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu or cuda[:i] (default: cuda when available)")

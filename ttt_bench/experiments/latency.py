@@ -46,8 +46,10 @@ def latency_figure(bench: pd.DataFrame):
             if col in sub and sub[col].notna().any() and (col != "threads" or on_cpu):  # threads: CPU only
                 vals = sorted({str(v).removesuffix(".0") for v in sub[col].dropna()})
                 info.append(fmt.format("/".join(vals)))
+        loaded = "under_load" in sub and sub["under_load"].astype(str).eq("True").any()
         ax.set(xscale="log", yscale="log", xlabel="Context length", ylabel="Latency per token (ms)",
-               title=phase.capitalize() + (f" ({', '.join(info)})" if info else ""))
+               title=phase.capitalize() + (f" ({', '.join(info)})" if info else "")
+               + ("\nTAKEN UNDER LOAD" if loaded else ""))
         if ctx:
             ax.set_xlim(ctx[0] / 1.25, ctx[-1] * 1.25)
         P.finish_log_axis(ax, "x", lambda v, _p=None: P.context_label(int(v)), ticks=[float(c) for c in ctx])
