@@ -1,10 +1,11 @@
 """`ttt-bench ablate SWEEP`: run an experiment's sweep (conf/sweep/SWEEP.yaml) as a Hydra multirun into one
 results registry (OUT/registry.csv); finished runs are skipped, failed runs recorded."""
 
-import os
 from pathlib import Path
 
 from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, fail
+
+from ttt_bench.config import runs_root
 
 
 def run(args: list[str]) -> None:
@@ -42,7 +43,7 @@ def run(args: list[str]) -> None:
     if a.plan:
         print_plan(experiment, a.profile, a.data_dir, overrides)
         return
-    out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "sweeps" / f"{a.sweep}-{a.profile}"
+    out = a.out or runs_root() / "sweeps" / f"{a.sweep}-{a.profile}"
     trained = experiment.train(a.profile, out, a.data_dir, launcher, overrides=overrides)
     for key, value in ((k, v) for k, v in trained.info.items() if v):  # what the sweep decided (recall: lrs)
         print(f"{key}: " + (", ".join(f"{m} {v:g}" for m, v in value.items()) if isinstance(value, dict)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser, fail
 
+from ttt_bench.config import runs_root
+
 ZERO_OK = {"warmup", "chunk_size", "ref_seqlen", "seed"}  # integer options where 0 means none or automatic
 
 
@@ -34,7 +36,6 @@ def check_options(a) -> None:
 
 
 def run(args: list[str]) -> None:
-    import os
     import time
 
     import pandas as pd
@@ -55,7 +56,7 @@ def run(args: list[str]) -> None:
     cond = conditions(load, threads)
     df = df.assign(**cond)
 
-    out = a.out or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / "bench" / f"{a.suite}.csv"
+    out = a.out or runs_root() / "bench" / f"{a.suite}.csv"
     write_atomic(out, df.to_csv(index=False))
     with pd.option_context("display.max_rows", None, "display.max_columns", None, "display.width", 200,
                            "display.float_format", "{:.4g}".format):

@@ -1,10 +1,11 @@
 """`ttt-bench runs [FOLDER ...]`: every run folder under the folders (default: the runs folder) with its
 model, size, data, context, status, steps, tokens, validation number and speed."""
 
-import os
 from pathlib import Path
 
 from ttt_bench.cli.common import SUBCOMMANDS, ArgumentParser
+
+from ttt_bench.config import runs_root
 
 
 def run(args: list[str]) -> None:
@@ -17,7 +18,7 @@ def run(args: list[str]) -> None:
 
     from ttt_bench.training.runs import list_runs
 
-    folders = a.folders or [Path(os.environ.get("TTT_BENCH_RUNS") or "runs")]
+    folders = a.folders or [runs_root()]
     table = pd.concat([list_runs(f).assign(folder=str(f)) for f in folders], ignore_index=True)
     if a.csv:
         print(table.to_csv(index=False), end="")

@@ -184,12 +184,34 @@ MORE_CONFIG_ERRORS = [
     (["recipe.min_lr=-1e-5"], "recipe.min_lr=-1e-05 must be a number between 0 and recipe.lr"),
     (["recipe.warmup_fraction=1.5"], "recipe.warmup_fraction=1.5 must be a fraction of the steps in [0, 1)"),
     (["recipe.warmup_fraction=nan"], "recipe.warmup_fraction=nan must be a fraction"),
+    (["seed=abc"], "seed='abc' must be an integer >= 0, e.g. seed=1"),
+    (["seed=-3"], "seed=-3 must be an integer >= 0"),
+    (["trainer.precision=16-mixed"], "trainer.precision=16-mixed (float16) needs a GPU; on the CPU use"),
+    (["data=mqar", "data.power_a=inf"], "data.power_a=inf must be a finite number > 0"),
 ]
 
 
 @pytest.mark.parametrize("overrides,message", MORE_CONFIG_ERRORS, ids=[o[0] for o, _ in MORE_CONFIG_ERRORS])
 def test_more_bad_train_values(capsys, tmp_path, overrides, message):
-    assert message in cli_error(capsys, tmp_path, "train", *TINY, *overrides)
+    base = BASE if "data=mqar" in overrides else TINY  # (MQAR has no corpus and no num_proc)
+    base = [o for o in base if not ("data=mqar" in overrides and o.startswith("data.num_proc"))]
+    assert message in cli_error(capsys, tmp_path, "train", *base, *overrides)
+
+
+def test_an_empty_runs_variable_means_the_default_folder_not_the_root(tmp_path, monkeypatch):
+    """TTT_BENCH_RUNS= (set but empty) is the default ./runs, as a shell's ${NAME:-default}: never /."""
+    monkeypatch.setenv("TTT_BENCH_RUNS", "")
+    monkeypatch.chdir(tmp_path)
+    main(["train", *TINY, "trainer.max_steps=1", "trainer.enable_progress_bar=false"])
+    assert list((tmp_path / "runs").glob("*/*/metrics.json"))
+
+
+def test_reproduce_steps_that_name_no_step_are_an_error(capsys):
+    from ttt_bench import reproduce
+
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--steps", ","])
+    assert e.value.code == 2 and "names no step" in capsys.readouterr().err
 
 
 def test_cuda_device_without_a_gpu_is_not_a_truncated_checkpoint(capsys, tmp_path, checkpoints):

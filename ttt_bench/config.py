@@ -2,6 +2,7 @@
 
 import hashlib
 import math
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -49,8 +50,20 @@ def _gpu_precision(accelerator: str = "gpu") -> str:
     return "bf16-mixed" if not torch.cuda.is_available() or torch.cuda.is_bf16_supported() else "16-mixed"
 
 
+def env(name: str, default: str) -> str:
+    """An environment variable's value, or `default` where it is unset or empty (`TTT_BENCH_RUNS=` must not
+    put run folders at /), as a shell's ${NAME:-default}."""
+    return os.environ.get(name) or default
+
+
+def runs_root() -> Path:
+    """Where ad-hoc outputs go: $TTT_BENCH_RUNS, else ./runs (conf/paths/default.yaml's `runs`)."""
+    return Path(env("TTT_BENCH_RUNS", "runs"))
+
+
 def register_resolvers() -> None:
     for name, fn in {
+        "ttt.env": env,
         "ttt.slug": _slug,
         "ttt.gpu_precision": _gpu_precision,
         "ttt.steps": _steps,

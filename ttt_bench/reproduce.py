@@ -11,12 +11,12 @@ nothing. PROFILE=paper without a GPU prints the plan and its GPU budget and stop
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from .config import runs_root
 from .experiments import EXPERIMENTS, steps
 from .experiments.engine.cost import ASSUMED_MFU, run_cost
 from .experiments.engine.plan import composed
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     chosen = [s for s in a.steps.split(",") if s]
+    if not chosen:
+        p.error(f"--steps {a.steps!r} names no step; use a comma-separated subset of {','.join(all_steps)}")
     if a.jobs < 1:
         p.error(f"--jobs must be at least 1, got {a.jobs}")
     if unknown := set(chosen) - set(all_steps):
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             if (out / name / "step.json").is_file():
                 EXPERIMENTS[name].tabulate(out / name)
     else:
-        runs = a.runs or Path(os.environ.get("TTT_BENCH_RUNS", "runs")) / f"reproduce-{a.profile}"
+        runs = a.runs or runs_root() / f"reproduce-{a.profile}"
         progress = Progress(runs / "progress.json")
         for _, folder, planned in planned_runs(a.profile, a.data_dir, chosen):
             progress.plan(planned, (runs / folder).resolve())

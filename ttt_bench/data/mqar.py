@@ -25,6 +25,7 @@ keyed by every option and FORMAT_VERSION.
 import hashlib
 import json
 import logging
+import math
 from pathlib import Path
 
 import lightning as L
@@ -60,8 +61,8 @@ def check_options(vocab_size: int, num_kv_pairs: int, seq_len: int, power_a: flo
     if query_slots(seq_len, num_kv_pairs) < num_kv_pairs:
         raise UserError(f"data.seq_len={seq_len} is too short for {num_kv_pairs} pairs and their queries: "
                         f"it needs >= {4 * num_kv_pairs - 1} tokens (2 per pair, 2 per query)")
-    if not power_a > 0:
-        raise UserError(f"data.power_a={power_a} must be > 0 (1.0: uniform query placement)")
+    if not (power_a > 0 and math.isfinite(power_a)):  # inf would give every sequence the same query slots
+        raise UserError(f"data.power_a={power_a} must be a finite number > 0 (1.0: uniform query placement)")
     if vocab_size > np.iinfo(np.int32).max:
         raise UserError(f"data.vocab_size={vocab_size} is too large")
 

@@ -144,9 +144,16 @@ def check_shared(cfg: DictConfig, ints: dict, required: bool) -> None:
         if not _number(value) or (integer and not isinstance(value, int)) or value <= 0:
             kind = "a positive integer" if integer else "a positive number"
             raise UserError(f"{key}={value!r} must be {kind}, e.g. {key}={example}")
+    seed = OmegaConf.select(cfg, "seed")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise UserError(f"seed={seed!r} must be an integer >= 0, e.g. seed=1")
     if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise UserError(f"trainer.accelerator={cfg.trainer.accelerator} needs a CUDA GPU and this machine "
                         "has none; use trainer=cpu (the default)")
+    precision = str(cfg.trainer.get("precision", "32"))
+    if cfg.trainer.accelerator == "cpu" and precision.startswith("16"):  # Lightning would use bf16 instead
+        raise UserError(f"trainer.precision={precision} (float16) needs a GPU; on the CPU use "
+                        "trainer.precision=bf16-mixed or 32")
     check_loggers(cfg)
     lr, min_lr, warmup = cfg.recipe.lr, cfg.recipe.get("min_lr", 0.0), cfg.recipe.get("warmup_fraction", 0.0)
     if not (_number(min_lr) and 0 <= min_lr <= lr):
