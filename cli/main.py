@@ -130,9 +130,10 @@ def cmd_generate(args: list[str]) -> None:
     from ttt_bench.training.checkpoint import load_checkpoint, torch_device
 
     module, tok = load_checkpoint(a.ckpt, map_location=torch_device(a.device, "--device"))
-    ids = tok.encode(a.prompt).tolist()
+    prompt = os.fsencode(a.prompt).decode("utf-8", errors="replace")  # bytes that are not UTF-8: U+FFFD
+    ids = tok.encode(prompt).tolist()
     out = sample(module.model, ids, a.max_new_tokens, a.temperature, a.top_k or None, tok.eos_id, a.seed)
-    print(a.prompt + tok.decode(out))
+    print(prompt + tok.decode(out))
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "generate": cmd_generate}

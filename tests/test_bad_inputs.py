@@ -1,7 +1,9 @@
 """Bad inputs: each gives one line saying what is wrong and how to fix it, exit code 2, and leaves no
 half-written output folder. Run through the CLI in-process."""
 
+import gzip
 import json
+import os
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from ttt_bench.cli.main import main
 from ttt_bench.config import compose
 from ttt_bench.data import LMDataModule, LocalCorpus
 from ttt_bench.data.corpora import ReadStats
+from ttt_bench.errors import UserError
 from ttt_bench.training.module import LitLM
 
 BASE = ["size=xs", "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=256",
@@ -373,3 +376,61 @@ def test_a_failed_rerun_leaves_a_finished_runs_results(tmp_path, capsys):
     assert e.value.code == 2 and "no_such.ckpt" in capsys.readouterr().err
     assert sorted(p.name for p in run_dir.iterdir()) == kept
     assert json.loads((run_dir / "metrics.json").read_text())["status"] == "finished"
+
+
+# -- issue 34 point 5: crossed inputs are checked at the boundary ------------------------------------------
+
+
+def test_eval_of_a_language_model_on_images_is_one_line(capsys, tmp_path, checkpoints):
+    err = cli_error(capsys, tmp_path, "eval", f"ckpt_path={checkpoints['good']}", "data=synthetic_images")
+    assert "holds a language model and data=synthetic_images is images" in err
+
+
+def test_eval_of_an_image_classifier_on_text_is_one_line(capsys, tmp_path):
+    main(["train", "task=image", "data=synthetic_images", "model=mttt_linear", "size=xs",
+          "recipe.total_images=32", "recipe.batch_size=32", "data.micro_batch_size=32",
+          "data.val_examples=32", "data.test_examples=32", "trainer.enable_progress_bar=false",
+          f"paths.runs={tmp_path / 'train'}"])
+    (ckpt,) = (tmp_path / "train").rglob("last.ckpt")
+    err = cli_error(capsys, tmp_path, "eval", f"ckpt_path={ckpt}", "data=synthetic")
+    assert "holds an image classifier and data=synthetic is text" in err
+
+
+@pytest.mark.parametrize("prompt", ["hello", "3 99999", "-1"])
+def test_an_mqar_prompt_must_be_token_ids_of_its_vocabulary(prompt):
+    from ttt_bench.data.tokenizers import MQARVocab
+
+    with pytest.raises(UserError, match=r"space-separated token ids in \[0, 64\)"):
+        MQARVocab(64).encode(prompt)
+    assert MQARVocab(64).encode("3 17 5").tolist() == [3, 17, 5]
+
+
+def test_a_prompt_that_is_not_utf8_is_read_as_bytes(capsys, checkpoints):
+    main(["generate", str(checkpoints["good"]), "--prompt", os.fsdecode(b"\xff\xfe ab"),
+          "--max-new-tokens", "2"])
+    assert capsys.readouterr().out.startswith("\ufffd\ufffd ab")
+
+
+def test_a_damaged_gz_idx_file_is_one_line(tmp_path):
+    from ttt_bench.data.images import read_idx
+
+    path = tmp_path / "train-labels-idx1-ubyte.gz"
+    path.write_bytes(gzip.compress(b"\x00\x00\x08\x01" + b"\x00" * 100)[:-12] + b"garbage-garbage")
+    with pytest.raises(UserError, match="is unreadable"):
+        read_idx(path, "labels")
+
+
+def test_a_metrics_log_with_an_edited_header_is_one_line_on_resume(capsys, tmp_path):
+    args = ["train", *TINY, "trainer.max_steps=2", "checkpoint_every_n_steps=1", "eval_every_n_steps=1",
+            "trainer.enable_progress_bar=false", f"paths.runs={tmp_path}"]
+    main(args)
+    (run,) = [p.parent for p in tmp_path.rglob("identity.json")]
+    (run / "metrics.json").unlink()  # unfinished: the same command resumes from step-1.ckpt
+    (run / "checkpoints" / "last.ckpt").unlink()
+    (run / "checkpoints" / "step-2.ckpt").unlink()
+    text = (run / "metrics.csv").read_text()
+    (run / "metrics.csv").write_text(text.replace("step", "stop", 1))
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "has no 'step' column" in err

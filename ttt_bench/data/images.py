@@ -15,6 +15,7 @@ one token per pixel (Section 5.2). Items are {"tokens": [n, p*p*C] float32, "lab
 
 import gzip
 import logging
+import zlib
 from pathlib import Path
 
 import lightning as L
@@ -41,7 +42,7 @@ def read_idx(path: Path, kind: str) -> np.ndarray:
     path = Path(path)
     try:
         raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a damaged .gz stream
         raise UserError(f"{path} is unreadable ({type(e).__name__}: {e}); download it again") from None
     expected = IDX_MAGIC[kind]
     if len(raw) < 4:

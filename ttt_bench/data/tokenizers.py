@@ -83,7 +83,15 @@ class MQARVocab:
         return {"kind": "mqar", "vocab_size": self.vocab_size}
 
     def encode(self, text: str) -> np.ndarray:
-        return np.asarray([int(t) for t in text.split()], dtype=np.int64)
+        """Space-separated token ids, each below the vocabulary size (e.g. "3 17 5")."""
+        try:
+            ids = np.asarray([int(t) for t in text.split()], dtype=np.int64)
+        except ValueError:
+            ids = None
+        if ids is None or ((ids < 0) | (ids >= self.vocab_size)).any():
+            raise UserError(f"an MQAR model reads space-separated token ids in [0, {self.vocab_size}), e.g. "
+                            f"'3 17 5', not {text[:40]!r}")
+        return ids
 
     def decode(self, ids) -> str:
         return " ".join(str(int(i)) for i in ids)

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
-from ..errors import Interrupted
+from ..errors import Interrupted, UserError
 from ..io import atomic_file, write_atomic
 
 
@@ -213,7 +213,14 @@ class _AppendingWriter(ExperimentWriter):
             return
         with open(self.metrics_file_path, newline="") as f:
             reader = csv.DictReader(f)
-            rows = [r for r in reader if int(float(r["step"])) < self.resume_step]
+            if "step" not in (reader.fieldnames or []):
+                raise UserError(f"{self.metrics_file_path} has no 'step' column (was its header edited?); "
+                                "restore the header, or move the file away to start the log again")
+            try:
+                rows = [r for r in reader if int(float(r["step"])) < self.resume_step]
+            except (TypeError, ValueError):
+                raise UserError(f"{self.metrics_file_path} has a row whose step is not a number; fix or "
+                                "remove that row") from None
             self.metrics_keys = list(reader.fieldnames or [])
         with atomic_file(self.metrics_file_path, "w") as f:
             writer = csv.DictWriter(f, fieldnames=self.metrics_keys)

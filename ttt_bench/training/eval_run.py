@@ -46,6 +46,11 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     else:
         raise UserError(f"{cfg.ckpt_path} does not say what data it was trained on; pass data=<name>")
     data_cfg = OmegaConf.create(data)
+    image_model, image_data = "num_classes" in hp, "ImageDataModule" in str(data_cfg.get("_target_", ""))
+    if image_model != image_data:
+        model, text = ("an image classifier", "text") if image_model else ("a language model", "images")
+        raise UserError(f"{cfg.ckpt_path} holds {model} and data={data_cfg.get('name')} is {text}; pass a "
+                        "data config of its kind, or leave data= out for the data it was trained on")
     if "num_classes" in hp:
         return eval_classifier(cfg, module, data_cfg, Path(out_dir))
     data_cfg.tokenizer = hp["tokenizer"]  # always the model's own tokenizer
