@@ -75,22 +75,38 @@ def print_results(experiment, out: Path) -> None:
 
 
 def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[str] = ()) -> None:
-    """Every stage's runs (with the user's training `overrides`) with their budget, FLOPs and estimated
-    minutes on the reference CPU."""
-    from ttt_bench.experiments.engine.cost import CPU_TRAIN_FLOPS, run_cost
+    """Every stage's runs (with the user's training `overrides`) as they will run, with their budget, FLOPs
+    and estimated time: minutes on the reference CPU, or A100-hours for GPU runs (the paper profile)."""
+    from ttt_bench.experiments.engine.cost import A100_BF16_FLOPS, ASSUMED_MFU, CPU_TRAIN_FLOPS, run_cost
     from ttt_bench.experiments.engine.plan import composed
 
     stages = experiment.stages(profile, data_dir, overrides)
-    total = 0.0
+    synthetic = any(o in ("data=synthetic", "data=synthetic_images") for _, runs in stages
+                    for run in runs.values() for o in run.overrides)
+    if data_dir is None and synthetic:
+        print("# data: the embedded synthetic corpus (no --data-dir), whatever the run names say; pass "
+              "--data-dir for the real corpora (e.g. ../shared/data)")
+    minutes = gpu_hours = flops = 0.0
     for folder, runs in stages:
         if len(stages) > 1:
             print(f"# {folder}: {len(runs)} runs")
         for name, run in runs.items():
-            cost = run_cost(composed(run.overrides))
-            total += cost.cpu_minutes
+            cfg = composed(run.overrides)
+            cost = run_cost(cfg)
+            on_gpu = cfg.trainer.accelerator in ("gpu", "cuda")
+            flops += cost.train_flops
+            if on_gpu:
+                gpu_hours += cost.gpu_hours
+                when = f"~{cost.gpu_hours:.3g} A100-hours"
+            else:
+                minutes += cost.cpu_minutes
+                when = f"~{cost.cpu_minutes:.1f} min"
             print(f"{name} [{cost.budget:.3g} {'images' if cost.tokens != cost.tokens else 'tokens'}, "
-                  f"{cost.train_flops:.2g} FLOPs, ~{cost.cpu_minutes:.1f} min]: {' '.join(run.overrides)}")
-    print(
-        f"# estimated training time: {total:.0f} min at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s, the small "
-        "models' training rate on a 2-core CPU (flops.py's count); GPUs are far faster"
-    )
+                  f"{cost.train_flops:.2g} FLOPs, {when}]: {' '.join(run.overrides)}")
+    print(f"# {flops:.3g} training FLOPs in all")
+    if gpu_hours:
+        print(f"# GPU runs: ~{gpu_hours:,.0f} A100-hours at {ASSUMED_MFU:.0%} MFU of its "
+              f"{A100_BF16_FLOPS / 1e12:.0f} bf16 TFLOP/s (an H100's bf16 peak is about 3x an A100's)")
+    if minutes:
+        print(f"# CPU runs: ~{minutes:.0f} min at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s, the small models' "
+              "training rate on a 2-core CPU (flops.py's count)")

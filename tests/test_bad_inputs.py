@@ -283,7 +283,7 @@ def test_ablate_data_dir_and_launcher_overrides(capsys, tmp_path):
     # README: launcher overrides after the options (parsed intermixed; --plan runs nothing)
     main(["ablate", "minibatch", "--profile", "smoke", "--plan", "hydra/launcher=joblib",
           "hydra.launcher.n_jobs=2"])
-    assert "# estimated training time" in capsys.readouterr().out
+    assert "# CPU runs: ~" in capsys.readouterr().out
 
 
 def test_ablate_with_failed_runs_exits_2(capsys, tmp_path, monkeypatch):

@@ -446,3 +446,18 @@ def test_a_sweep_folder_never_mixes_settings(tmp_path):
     assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns != kept
     assert "seed=2" in json.loads((tmp_path / "a" / "run.json").read_text())["overrides"]
     assert set(reg["status"]) == {"finished"}
+
+
+def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsys):
+    """`ablate --plan` (issue 35, point 7): the paper profile's GPU runs in A100-hours at the stated MFU and
+    the total FLOPs; a plan without --data-dir says its runs read the synthetic corpus."""
+    from ttt_bench.cli.main import main
+
+    main(["ablate", "scaling", "--profile", "paper", "--plan"])
+    out = capsys.readouterr().out
+    assert out.startswith("# data: the embedded synthetic corpus (no --data-dir)")
+    assert "A100-hours]" in out and "# GPU runs: ~" in out and "40% MFU" in out
+    assert "training FLOPs in all" in out
+    assert "CPU runs" not in out
+    main(["ablate", "minibatch", "--profile", "smoke", "--plan"])
+    assert "# CPU runs: ~" in capsys.readouterr().out
