@@ -56,7 +56,7 @@ def test_bf16_mixed_trains_on_cpu_and_its_checkpoint_serves_eval_and_generate_in
     assert {p.dtype for p in module.parameters()} == {torch.float32}  # bf16-mixed keeps float32 weights
 
     run_cli("eval", f"ckpt_path={ckpt}", "max_tokens=256", f"paths.runs={tmp_path / 'eval'}")
-    evaluated = json.loads(next((tmp_path / "eval").rglob("metrics.json")).read_text())
+    evaluated = json.loads(next((run / "eval").rglob("metrics.json")).read_text())  # beside the run
     assert evaluated["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-5)  # both float32, same tokens
 
     capsys.readouterr()

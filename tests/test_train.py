@@ -66,7 +66,7 @@ def test_train_eval_generate_on_synthetic(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("Ra koki")
 
     run_cli("eval", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "max_tokens=4096")
-    evaluated = json.loads(next((tmp_path / "eval").rglob("metrics.json")).read_text())
+    evaluated = json.loads(next((run / "eval").rglob("metrics.json")).read_text())  # beside the run
     assert evaluated["val_tokens"] == 4096 and evaluated["val_loss"] == pytest.approx(
         metrics["val_loss"], abs=0.2
     )

@@ -61,9 +61,20 @@ def runs_root() -> Path:
     return Path(env("TTT_BENCH_RUNS", "runs"))
 
 
+def _eval_dir(ckpt_path, runs: str, data, seq_len, max_tokens) -> str:
+    """Where `ttt-bench eval` writes: <run>/eval/ for a checkpoint in a run's checkpoints/ folder (beside
+    the run it describes), else <runs>/eval/; then a folder per data, context and tokens evaluated."""
+    ckpt = Path(str(ckpt_path)) if ckpt_path else None
+    run = ckpt.parent.parent if ckpt is not None and ckpt.parent.name == "checkpoints" else None
+    root = run / "eval" if run is not None and (run / "identity.json").is_file() else Path(runs) / "eval"
+    name = f"{data or 'trained-data'}-T{seq_len or 'trained'}-{max_tokens or 'all'}"
+    return str(root / _slug(name))
+
+
 def register_resolvers() -> None:
     for name, fn in {
         "ttt.env": env,
+        "ttt.eval_dir": _eval_dir,
         "ttt.slug": _slug,
         "ttt.gpu_precision": _gpu_precision,
         "ttt.steps": _steps,

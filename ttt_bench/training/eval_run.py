@@ -1,6 +1,7 @@
 """`ttt-bench eval`: perplexity, bits per byte and token-index losses of a language-model checkpoint;
 accuracy on the validation and held-out test images, and the inner losses, of an image classifier."""
 
+import json
 import logging
 from pathlib import Path
 
@@ -33,10 +34,28 @@ def check_options(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value!r} must be a positive integer{null}, e.g. {key}={example}")
 
 
+def _mtime(cfg: DictConfig) -> int | None:
+    """The checkpoint's modification time: an eval is reused only for the file it evaluated."""
+    try:
+        return Path(str(cfg.ckpt_path)).stat().st_mtime_ns
+    except OSError:
+        return None
+
+
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     if OmegaConf.is_missing(cfg, "ckpt_path"):
         raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
     check_options(cfg)
+    done = Path(out_dir) / "metrics.json"
+    if done.is_file() and not cfg.get("force"):
+        metrics = json.loads(done.read_text())
+        same = (metrics.get("ckpt_path"), metrics.get("ckpt_mtime_ns")) == (str(cfg.ckpt_path), _mtime(cfg))
+        if same:
+            keys = ("val_loss", "val_ppl", "val_bpb", "val_accuracy", "test_accuracy")
+            shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in keys if k in metrics)
+            log.info("%s (this eval ran before on the same checkpoint: %s; force=true evaluates again)",
+                     shown, done)
+            return metrics
     module, _ = load_checkpoint(cfg.ckpt_path, map_location=torch_device(cfg.device), task=None)
     hp = module.hparams
     if cfg.get("data"):
@@ -64,6 +83,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     )
     metrics = {
         "ckpt_path": str(cfg.ckpt_path),
+        "ckpt_mtime_ns": _mtime(cfg),
         "model": hp["model_cfg"].get("name"),
         "data": data_cfg.name,
         "seq_len": data_cfg.seq_len,
@@ -95,8 +115,8 @@ def eval_classifier(cfg: DictConfig, module, data_cfg: DictConfig, out_dir: Path
                         f"{cfg.ckpt_path} was trained on {module.hparams['num_tokens']} of "
                         f"{module.hparams['token_dim']}; use its patch_size and image_size")
     splits = evaluate_splits(module.model, dm, cfg.batch_size, out_dir)
-    metrics = {"ckpt_path": str(cfg.ckpt_path), "task": "image", "data": data_cfg.name,
-               "model": module.hparams["model_cfg"].get("name"), **splits}
+    metrics = {"ckpt_path": str(cfg.ckpt_path), "ckpt_mtime_ns": _mtime(cfg), "task": "image",
+               "data": data_cfg.name, "model": module.hparams["model_cfg"].get("name"), **splits}
     write_json(out_dir / "metrics.json", metrics)
     log.info("val accuracy %.4f, test accuracy %.4f; outputs in %s", metrics["val_accuracy"],
              metrics["test_accuracy"], out_dir)
