@@ -461,3 +461,15 @@ def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsy
     assert "CPU runs" not in out
     main(["ablate", "minibatch", "--profile", "smoke", "--plan"])
     assert "# CPU runs: ~" in capsys.readouterr().out
+
+
+def test_the_progress_line_counts_runs_other_processes_are_training(tmp_path, caplog):
+    """With JOBS=2 two workers start together: a run another process holds counts as started, so the second
+    says run 2/N, not run 1/N again (issue 35, point 6)."""
+    from ttt_bench.training.run_folder import locked
+
+    runs = {n: configuration(n, [*TINY, "model=transformer"], "Transformer") for n in ("a", "b", "c")}
+    Progress(tmp_path / "progress.json").plan(runs, tmp_path)
+    with locked(tmp_path / "a"), caplog.at_level("INFO", logger=runner.log.name):
+        Progress.load(tmp_path / "progress.json").begin("b")
+    assert "run 2/3 (b)" in caplog.text

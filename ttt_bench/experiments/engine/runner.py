@@ -87,8 +87,10 @@ class Progress:
             eta = f"ETA {elapsed / len(mine) * (len(self.flops) - len(done)) / 60:.0f} min (by run count)"
         else:
             eta = "ETA after a run"
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + 1, len(self.flops), name, elapsed / 60,
-                 eta)
+        # other processes' runs in progress count as started: two workers starting together say k and k+1
+        running = sum(1 for d in self.flops if d not in done and Path(d).is_dir() and in_use(d))
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + running + 1, len(self.flops), name,
+                 elapsed / 60, eta)
 
 
 def _identity(overrides) -> list[str]:
