@@ -19,7 +19,7 @@ def run_folders(inputs: list[Path]) -> list[Path]:
     runs = [run for path in inputs for run in find_runs(path)]
     if not runs:
         named = ", ".join(map(str, inputs))
-        raise ValueError(f"no run folder (with identity.json or metrics.json) in {named}")
+        raise ValueError(f"no run folder (one `ttt-bench train` wrote, with its identity.json) in {named}")
     return runs
 
 
@@ -49,8 +49,7 @@ def plot_curves(inputs: list[Path], stem: Path) -> list[Path]:
         raise ValueError("no run folder with a losses.csv (runs that trained at least one step have one)")
     labels = {}
     for run in runs:
-        r = read_run(run)
-        label = f"{r.model}-{r.size}-{r.data}-T{r.context}"
+        label = read_run(run).label
         labels[label if label not in labels else f"{label} ({run.name[:12]})"] = loss_curves(run)
     return P.save(curves_figure(labels), stem)
 
@@ -63,9 +62,9 @@ def plot_token_index_of_runs(inputs: list[Path], stem: Path, window: int = 8) ->
     for run in run_folders(inputs):
         if not (run / "token_index.csv").is_file():
             continue
-        r, df = read_run(run), pd.read_csv(run / "token_index.csv")
+        df = pd.read_csv(run / "token_index.csv")
         loss = df.set_index("token_index")["loss"].rolling(window, min_periods=1).mean()
-        ax.plot(loss.index, np.exp(loss), lw=1.5, label=f"{r.model}-{r.size}-{r.data}-T{r.context}")
+        ax.plot(loss.index, np.exp(loss), lw=1.5, label=read_run(run).label)
         drawn += 1
     if not drawn:
         raise ValueError("no token_index.csv in the run folders (language-model runs write one)")

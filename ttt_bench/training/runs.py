@@ -28,6 +28,11 @@ class RunRecord:
     val_metric: str
     tokens_per_s: float | None
 
+    @property
+    def label(self) -> str:
+        """model-size-data-T<context>, as run folders are named."""
+        return f"{self.model}-{self.size}-{self.data}-T{self.context}"
+
 
 def find_runs(root: Path) -> list[Path]:
     """Every run folder at or under `root`, sorted: a folder `ttt-bench train` claimed (identity.json), or

@@ -150,8 +150,8 @@ def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
         train(cfg, run_dir)
     except RunFolderInUse:  # another process of the same sweep trains it: two processes share a sweep
         log.info("run %s is being trained by another process; skipped here", name)
-    except Interrupted:  # Ctrl-C / SIGTERM: the sweep stops (the run resumes from its checkpoint)
-        raise
+    except Interrupted as e:  # Ctrl-C / SIGTERM: the sweep stops (the run resumes from its checkpoint); not
+        raise KeyboardInterrupt(str(e)) from e  # an Exception, after which Hydra's launchers would go on
     except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
         log.exception("run %s failed", name)
         record_failure(run_dir, failure_line(e))
@@ -160,10 +160,7 @@ def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
 def _job(cfg) -> None:
     """The Hydra task of a sweep's multirun: one run of the plan, picked by `+run=<name>`."""
     plan, runs = read_plan(Path(cfg.sweep_plan).parent)
-    try:
-        run_one(cfg.run, runs[cfg.run], Path(plan["dir"]) / cfg.run, Progress.load(plan["progress"]))
-    except Interrupted as e:  # not a failed job: Hydra's launchers go on after an Exception, not after this
-        raise KeyboardInterrupt(str(e)) from e
+    run_one(cfg.run, runs[cfg.run], Path(plan["dir"]) / cfg.run, Progress.load(plan["progress"]))
 
 
 def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
