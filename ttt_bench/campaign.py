@@ -43,32 +43,56 @@ import tempfile
 import time
 from pathlib import Path
 
-STAGES = ("check", "bench", "train")
+STAGES = ("check", "bench", "train", "figure3")
 MODELS = ("transformer", "ttt_linear", "ttt_mlp", "mamba")
 HEAD_SIZES = (16, 32, 64, 128)
 PYTEST_K = "triton or kernel or cuda"
 PYTEST_FILES = ("tests/test_kernels.py", "tests/test_kernel_check.py", "tests/test_ttt_layer.py")
 REPO = Path(__file__).resolve().parent.parent
 
-# The `ttt-bench bench` arguments per stage part: (real, dry).
+# The `ttt-bench bench` arguments of each bench stage's parts: (real, dry).
 BENCH = {
-    "forms": (["--d-model", "768", "--n-heads", "12", "--seq-len", "2048", "--tokens", "16384",
-               "--repeats", "3"],
-              ["--quick", "--no-fused", "--repeats", "1", "--warmup", "0", "--device", "cpu"]),
-    "models_125m": (["--size", "125m", "--dtype", "bfloat16", "--phases", "prefill,decode", "--contexts",
-                     "1024-16384", "--batch", "4", "--decode-batch", "16", "--repeats", "2"],
-                    ["--preset", "quick", "--phases", "prefill,decode", "--contexts", "64,128",
-                     "--repeats", "1", "--warmup", "0", "--decode-tokens", "2", "--device", "cpu"]),
-    "prefill_1.3b": (["--size", "1.3b", "--dtype", "bfloat16", "--phases", "prefill", "--contexts",
-                      "1024,4096,16384", "--batch", "1", "--repeats", "1"],
-                     ["--preset", "quick", "--d-model", "32", "--n-layers", "2", "--n-heads", "2",
-                      "--phases", "prefill", "--contexts", "64", "--repeats", "1", "--warmup", "0",
-                      "--device", "cpu"]),
+    "bench": {
+        "forms": (["--d-model", "768", "--n-heads", "12", "--seq-len", "2048", "--tokens", "16384",
+                   "--repeats", "3"],
+                  ["--quick", "--no-fused", "--repeats", "1", "--warmup", "0", "--device", "cpu"]),
+        "models_125m": (["--size", "125m", "--dtype", "bfloat16", "--phases", "prefill,decode", "--contexts",
+                         "1024-16384", "--batch", "4", "--decode-batch", "16", "--repeats", "2"],
+                        ["--preset", "quick", "--phases", "prefill,decode", "--contexts", "64,128",
+                         "--repeats", "1", "--warmup", "0", "--decode-tokens", "2", "--device", "cpu"]),
+        "prefill_1.3b": (["--size", "1.3b", "--dtype", "bfloat16", "--phases", "prefill", "--contexts",
+                          "1024,4096,16384", "--batch", "1", "--repeats", "1"],
+                         ["--preset", "quick", "--d-model", "32", "--n-layers", "2", "--n-heads", "2",
+                          "--phases", "prefill", "--contexts", "64", "--repeats", "1", "--warmup", "0",
+                          "--device", "cpu"]),
+    },
+    # Figure 3 / 15 at the paper's settings: prefill at 1.3b with batch 16 from 1k to 32k (32k on its own,
+    # so that a cap or an out-of-memory there keeps the shorter contexts), decode steps at batch 512 (at 125m:
+    # a 1.3b Transformer's KV cache at batch 512 does not fit one GPU beyond ~1k tokens).
+    "figure3": {
+        "prefill_1.3b_b16": (["--size", "1.3b", "--models", "transformer,ttt_linear", "--dtype", "bfloat16",
+                              "--phases", "prefill", "--contexts", "1024-16384", "--batch", "16",
+                              "--repeats", "2"],
+                             ["--preset", "quick", "--models", "transformer,ttt_linear", "--phases", "prefill",
+                              "--contexts", "64,128", "--batch", "2", "--repeats", "1", "--warmup", "0",
+                              "--device", "cpu"]),
+        "prefill_1.3b_b16_32k": (["--size", "1.3b", "--models", "transformer,ttt_linear", "--dtype",
+                                  "bfloat16", "--phases", "prefill", "--contexts", "32768", "--batch", "16",
+                                  "--repeats", "1"],
+                                 ["--preset", "quick", "--models", "transformer,ttt_linear", "--phases",
+                                  "prefill", "--contexts", "256", "--batch", "2", "--repeats", "1",
+                                  "--warmup", "0", "--device", "cpu"]),
+        "decode_125m_b512": (["--size", "125m", "--models", "transformer,ttt_linear,mamba", "--dtype",
+                              "bfloat16", "--phases", "decode", "--contexts", "1024,2048", "--decode-batch",
+                              "512", "--decode-tokens", "8"],
+                             ["--preset", "quick", "--models", "transformer,ttt_linear,mamba", "--phases",
+                              "decode", "--contexts", "64", "--decode-batch", "8", "--decode-tokens", "2",
+                              "--warmup", "0", "--device", "cpu"]),
+    },
 }
-BENCH_OUT = {"forms": "bench_forms.csv", "models_125m": "bench_models_125m.csv",
-             "prefill_1.3b": "bench_prefill_1.3b.csv"}
-OUTPUTS = {"check": ["check.csv", "doctor.txt", "pytest.txt"], "bench": list(BENCH_OUT.values()),
-           "train": ["train.csv"]}
+BENCH_OUT = {part: f"bench_{part}.csv" for parts in BENCH.values() for part in parts}
+OUTPUTS = {"check": ["check.csv", "doctor.txt", "pytest.txt"], "train": ["train.csv"],
+           **{stage: [BENCH_OUT[part] for part in parts] for stage, parts in BENCH.items()}}
 
 # `ttt-bench train` overrides: (real, dry). 20 steps of 16 sequences of 1024 tokens at 125m; the synthetic
 # corpus cut to what the steps read (plus validation), so tokenizing it takes seconds.
@@ -260,7 +284,7 @@ def run_suite(suite_name: str, argv: list[str], out: Path):
 def stage_bench(st: Stage) -> None:
     from ttt_bench.bench.models import summary as models_summary
 
-    for part, (real, dry) in BENCH.items():
+    for part, (real, dry) in BENCH[st.name].items():
         suite = "forms" if part == "forms" else "models"
         argv = dry if st.dry else real
         out = st.out / BENCH_OUT[part]
@@ -377,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{name}.done").unlink(missing_ok=True)
         st = Stage(name, out, a.dry)
         try:
-            {"check": stage_check, "bench": stage_bench, "train": lambda s: stage_train(s, work)}[name](st)
+            {"check": stage_check, "bench": stage_bench, "figure3": stage_bench,
+             "train": lambda s: stage_train(s, work)}[name](st)
         except Exception as e:  # noqa: BLE001  (a stage that fails leaves no marker; the next still runs)
             print(f"[campaign] {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)
