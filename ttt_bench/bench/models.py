@@ -142,7 +142,14 @@ class Bench:
                 fns = {}
                 for n, m in models.items():
                     caches = m.init_caches(a.decode_batch)
-                    m(self.ids(a.decode_batch, T), caches)
+                    try:
+                        m(self.ids(a.decode_batch, T), caches)
+                    except (RuntimeError, MemoryError) as e:
+                        if not _is_oom(e):
+                            raise
+                        self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
+                        del caches
+                        continue
                     tokens = iter(self.ids(a.decode_batch, 2 * a.warmup + a.decode_tokens + 1).split(1, 1))
                     fns[n] = lambda m=m, c=caches, t=tokens: m(next(t), c)
                 for n, (sec, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
