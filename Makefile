@@ -40,7 +40,7 @@ bench: setup
 	$(VENV)/bin/ttt-bench bench forms --repeats 5 --out results/speed/forms.csv | tee results/speed/forms.txt
 	$(VENV)/bin/ttt-bench bench scan --out results/speed/scan.csv | tee results/speed/scan.txt
 
-# The first GPU session's campaign (docs/gpu_campaign.md): STAGE=check|bench|train|all into OUT; finished
+# The GPU campaign (docs/gpu_campaign.md): STAGE=check|bench|train|figure3|all into OUT; finished
 # stages are skipped (FORCE=1 runs them again); DRY=1 runs it tiny on the CPU (as make test does).
 STAGE ?= all
 OUT ?= results/gpu

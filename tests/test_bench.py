@@ -6,6 +6,7 @@ import shutil
 
 import pandas as pd
 import pytest
+import torch
 from ttt_bench.cli.main import main
 
 from ttt_bench.bench import models
@@ -32,6 +33,31 @@ def test_models_suite_writes_every_phase_of_every_model(tmp_path, capsys):
     assert "does not exist" in df[df.model == "no_such_model"].note.item()
     printed = capsys.readouterr().out
     assert "train throughput ttt_linear / transformer" in printed and f"wrote {out}" in printed
+
+
+def test_a_model_out_of_memory_is_a_row_with_a_note_and_the_others_are_timed(tmp_path, monkeypatch):
+    """A prefill that does not fit (before decode steps too) is a row "out of memory", not a crash."""
+    build = models.Bench.model
+
+    def model(self, name, seq_len):
+        m = build(self, name, seq_len)
+        if name == "mamba":
+            def forward(*args, **kwargs):
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 48.00 GiB")
+            m.forward = forward
+        return m
+
+    monkeypatch.setattr(models.Bench, "model", model)
+    out = tmp_path / "models.csv"
+    main(["bench", "models", "--models", "transformer,mamba", "--phases", "prefill,decode", "--out", str(out),
+          *TINY])
+    df = pd.read_csv(out)
+    mamba = df[df.model == "mamba"]
+    assert (mamba.note == "out of memory").all() and mamba.latency_ms_per_token.isna().all()
+    assert set(mamba.phase) <= {"prefill", "decode"} and not mamba.empty
+    timed = df[(df.model == "transformer")].dropna(subset=["latency_ms_per_token"])
+    assert sorted(zip(timed.phase, timed.context, strict=True)) == [("decode", 32), ("decode", 64),
+                                                                    ("prefill", 32), ("prefill", 64)]
 
 
 def test_forms_suite_times_primal_and_dual(tmp_path):

@@ -1,4 +1,4 @@
-"""The first GPU session's campaign (`make gpu-campaign`, issue 33): three stages, each resumable, into one
+"""The GPU campaign (`make gpu-campaign`, issue 33): four stages, each resumable, into one
 folder (`--out`, default results/gpu/) with a markdown summary.
 
   check  `ttt-bench doctor`; the CUDA test subset (pytest -k "triton or kernel or cuda" over test_kernels,
@@ -15,9 +15,13 @@ folder (`--out`, default results/gpu/) with a markdown summary.
          needed), 20 steps of 16k tokens, one process per model: first/last losses, whether the loss fell, no
          non-finite loss and no skipped step, tokens/s and peak memory (torch.cuda.max_memory_allocated)
          -> train.csv (run folders, with their checkpoints, stay in --work, not in --out)
+  figure3 Figure 3 / 15 at the paper's settings: `ttt-bench bench models` at 1.3b, prefill at batch 16 from 1k
+         to 16k and at 32k, then 16k and 32k at batch 8; decode steps at 125m, batch 512, 1k and 2k
+         -> bench_prefill_1.3b_b16.csv, bench_prefill_1.3b_b16_32k.csv, bench_prefill_1.3b_b8_32k.csv,
+         bench_decode_125m_b512.csv
 
-Measured on one H200 (results/gpu/RUN.md): check 38 s, bench 161 s, train 144 s; sized for a lease of 15
-minutes of device time, start and install included.
+Measured on one H200 (results/gpu/RUN.md): check 38 s, bench 161 s, train 144 s, figure3 121 s; each
+stage fits a lease of 15 minutes of device time, start and install included.
 
 A stage whose outputs exist with its marker (`<out>/<stage>.done`) is skipped unless --force; every file is
 written atomically (io.write_atomic), so a stage cut off keeps the stages before it. SUMMARY.md is rebuilt
@@ -51,6 +55,8 @@ PYTEST_FILES = ("tests/test_kernels.py", "tests/test_kernel_check.py", "tests/te
 REPO = Path(__file__).resolve().parent.parent
 
 # The `ttt-bench bench` arguments of each bench stage's parts: (real, dry).
+F3 = ["--models", "transformer,ttt_linear"]
+F3_1B = ["--size", "1.3b", "--dtype", "bfloat16", "--phases", "prefill"]
 BENCH = {
     "bench": {
         "forms": (["--d-model", "768", "--n-heads", "12", "--seq-len", "2048", "--tokens", "16384",
@@ -66,36 +72,24 @@ BENCH = {
                           "--phases", "prefill", "--contexts", "64", "--repeats", "1", "--warmup", "0",
                           "--device", "cpu"]),
     },
-    # Figure 3 / 15 at the paper's settings: prefill at 1.3b with batch 16 from 1k to 32k (32k on its own,
-    # so that a cap or an out-of-memory there keeps the shorter contexts; the Transformer's preallocated KV
-    # cache at 16 x 32k does not fit an H200, so 16k and 32k again at batch 8), decode steps at batch 512 (at 125m:
-    # a 1.3b Transformer's KV cache at batch 512 does not fit one GPU beyond ~1k tokens; our PyTorch Mamba
-    # scan's prefill of 512 x 1k tokens does not fit either).
+    # Figure 3 / 15 at the paper's settings: prefill at 1.3b with batch 16 from 1k to 16k, then 32k on its own
+    # (a cap or an out-of-memory there keeps the shorter contexts); the Transformer's preallocated KV cache
+    # at 16 x 32k does not fit an H200, so 16k and 32k again at batch 8. Decode steps at batch 512 at 125m:
+    # a 1.3b Transformer's KV cache at batch 512 does not fit one GPU beyond ~1k tokens, and our PyTorch
+    # Mamba scan's prefill of 512 x 1k tokens does not fit either.
     "figure3": {
-        "prefill_1.3b_b16": (["--size", "1.3b", "--models", "transformer,ttt_linear", "--dtype", "bfloat16",
-                              "--phases", "prefill", "--contexts", "1024-16384", "--batch", "16",
-                              "--repeats", "2"],
-                             ["--preset", "quick", "--models", "transformer,ttt_linear", "--phases", "prefill",
-                              "--contexts", "64,128", "--batch", "2", "--repeats", "1", "--warmup", "0",
-                              "--device", "cpu"]),
-        "prefill_1.3b_b16_32k": (["--size", "1.3b", "--models", "transformer,ttt_linear", "--dtype",
-                                  "bfloat16", "--phases", "prefill", "--contexts", "32768", "--batch", "16",
-                                  "--repeats", "1"],
-                                 ["--preset", "quick", "--models", "transformer,ttt_linear", "--phases",
-                                  "prefill", "--contexts", "256", "--batch", "2", "--repeats", "1",
-                                  "--warmup", "0", "--device", "cpu"]),
-        "prefill_1.3b_b8_32k": (["--size", "1.3b", "--models", "transformer,ttt_linear", "--dtype",
-                                 "bfloat16", "--phases", "prefill", "--contexts", "16384,32768", "--batch", "8",
-                                 "--repeats", "1"],
-                                ["--preset", "quick", "--models", "transformer,ttt_linear", "--phases",
-                                 "prefill", "--contexts", "128,256", "--batch", "1", "--repeats", "1",
-                                 "--warmup", "0", "--device", "cpu"]),
-        "decode_125m_b512": (["--size", "125m", "--models", "transformer,ttt_linear", "--dtype",
-                              "bfloat16", "--phases", "decode", "--contexts", "1024,2048", "--decode-batch",
-                              "512", "--decode-tokens", "8"],
-                             ["--preset", "quick", "--models", "transformer,ttt_linear", "--phases",
-                              "decode", "--contexts", "64", "--decode-batch", "8", "--decode-tokens", "2",
-                              "--warmup", "0", "--device", "cpu"]),
+        part: ([*F3, *real], [*F3, "--preset", "quick", "--warmup", "0", "--device", "cpu", *dry])
+        for part, real, dry in [
+            ("prefill_1.3b_b16", [*F3_1B, "--contexts", "1024-16384", "--batch", "16", "--repeats", "2"],
+             ["--phases", "prefill", "--contexts", "64,128", "--batch", "2", "--repeats", "1"]),
+            ("prefill_1.3b_b16_32k", [*F3_1B, "--contexts", "32768", "--batch", "16", "--repeats", "1"],
+             ["--phases", "prefill", "--contexts", "256", "--batch", "2", "--repeats", "1"]),
+            ("prefill_1.3b_b8_32k", [*F3_1B, "--contexts", "16384,32768", "--batch", "8", "--repeats", "1"],
+             ["--phases", "prefill", "--contexts", "128,256", "--batch", "1", "--repeats", "1"]),
+            ("decode_125m_b512", ["--size", "125m", "--dtype", "bfloat16", "--phases", "decode", "--contexts",
+                                  "1024,2048", "--decode-batch", "512", "--decode-tokens", "8"],
+             ["--phases", "decode", "--contexts", "64", "--decode-batch", "8", "--decode-tokens", "2"]),
+        ]
     },
 }
 BENCH_OUT = {part: f"bench_{part}.csv" for parts in BENCH.values() for part in parts}
