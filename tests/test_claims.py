@@ -13,6 +13,7 @@ from ttt_bench.experiments.engine.verdicts import (
     HOLDS,
     INCONCLUSIVE,
     MISSING,
+    NOT_TESTED,
     UNDERPOWERED,
     UNDERTRAINED,
     Verdict,
@@ -197,21 +198,46 @@ def recall(acc: dict, seeds: int = 3, spread: float = 0.01) -> pd.DataFrame:
 
 
 def test_recall_claims_need_the_calibration_and_compare_accuracy_at_the_most_pairs():
-    good = {("transformer", 4): 1.2, ("transformer", 16): 0.9,
+    good = {("transformer", 4): 1.2, ("transformer", 16): 1.2,
             ("ttt_linear", 4): 0.9, ("ttt_linear", 16): 0.6,
             ("mamba", 4): 0.8, ("mamba", 16): 0.3, ("ttt_mlp", 4): 0.9, ("ttt_mlp", 16): 0.6}
     r = Results(recall=recall(good))
-    assert verdict("recall.calibration", r).status == HOLDS
+    calibration = verdict("recall.calibration", r)
+    assert calibration.status == HOLDS and "Transformer at 16 pairs" in calibration.sentence
     assert verdict("recall.ttt_linear_mamba", r).status == HOLDS
     assert verdict("recall.ttt_mlp_linear", r).status == INCONCLUSIVE  # 0.6 vs 0.6 within the spread
     assert verdict("recall.ttt_linear_attention", r).status == MISSING
     worse = recall(good | {("mamba", 16): 0.8})
     assert verdict("recall.ttt_linear_mamba", Results(recall=worse)).status == FAILS
-    uncalibrated = recall(good | {("transformer", 4): 0.5})
+    # calibrated at the easiest setting only: the claims are judged at 16 pairs, where the Transformer fails
+    uncalibrated = recall(good | {("transformer", 16): 0.5})
     v = verdict("recall.ttt_linear_mamba", Results(recall=uncalibrated))
-    assert v.status == INCONCLUSIVE and "calibration does not hold" in v.sentence
+    assert v.status == NOT_TESTED and "not testable here" in v.sentence
+    assert "calibration does not hold" in v.sentence
     assert verdict("recall.calibration", Results(recall=uncalibrated)).status == FAILS
+    # a setting that stresses no fixed state cannot separate them either
+    easy = recall({k: (1.2 if k[1] == 4 else 1.1) for k in good})
+    assert verdict("recall.calibration", Results(recall=easy)).status == FAILS
+    assert "none" in verdict("recall.calibration", Results(recall=easy)).sentence
+    assert verdict("recall.ttt_linear_mamba", Results(recall=easy)).status == NOT_TESTED
     assert verdict("recall.calibration", Results()).status == MISSING
+
+
+def test_recall_baselines_chance_and_elimination_are_tabulated():
+    from ttt_bench.experiments.recall import chance, elimination, recall_table
+
+    assert elimination(1) == 1.0 and elimination(2) == pytest.approx(0.75)
+    assert elimination(4) == pytest.approx(0.5208, abs=1e-4)
+    assert elimination(8) == pytest.approx(0.3397, abs=1e-4)
+    assert chance(64) == pytest.approx(1 / 32)
+    reg = recall({("transformer", 4): 1.0, ("ttt_linear", 4): 0.9, ("transformer", 8): 1.0,
+                  ("ttt_linear", 8): 0.5})
+    reg = reg.assign(seq_len=64, state_floats=100, lr=3e-3, overrides="data=mqar data.vocab_size=64 seed=0",
+                     b=np.where(reg["method"] == "ttt_linear", 8, np.nan))
+    table = recall_table(reg)
+    assert "| *elimination baseline (H_N / N)* | | | | | 0.521 | 0.340 |" in table
+    assert "| *chance (1 of 32 values)* | | | | | 0.031 | 0.031 |" in table
+    assert "| ttt_linear | 32 | 100 | 8 (8) |" in table and "| transformer | 32 | 100 | - |" in table
 
 
 def test_far_fact_claims_compare_the_loss_on_facts_far_back_inside_the_window():

@@ -358,7 +358,7 @@ def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_pa
 def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and_state_sizes():
     recall = EXPERIMENTS["recall"]
     p = recall.sweep["profiles"]["cpu"]
-    methods = list(recall.sweep["methods"])
+    methods = p.get("methods", list(recall.sweep["methods"]))
     calibration = recall.plan("cpu")
     assert len(calibration) == len(methods) * len(p["lrs"])  # one seed, the calibration point only
     assert {r.seed for r in calibration.values()} == {0}
@@ -375,6 +375,9 @@ def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and
     assert all(f"size.lr={p['lrs'][0]:g}" in r.overrides for r in mamba)
     tf = next(r for r in grid.values() if r.info["method"] == "transformer" and r.info["width"] == 64)
     assert tf.info["state_floats"] == 2 * 2 * p["seq_len"] * 64  # two layers of a K and V cache
+    b = {r.info["method"]: r.info["b"] for r in grid.values()}  # T/b >= 8 for TTT; b = 16 its own row
+    assert b["ttt_linear"] == b["ttt_mlp"] == 8 == p["seq_len"] // 8 and b["ttt_linear_b16"] == 16
+    assert b["transformer"] is None
 
 
 def test_a_run_in_use_by_another_sweep_process_is_skipped_and_left_alone(tmp_path):
