@@ -25,6 +25,11 @@ def run(args: list[str]) -> None:
         "--plan", action="store_true", help="print the runs, their overrides and estimated time; run nothing"
     )
     p.add_argument(
+        "--scale", type=float, default=1.0, metavar="F",
+        help="every run's training budget times F, for a trial (e.g. 0.1); part of each run's identity, "
+        "and the default folder becomes SWEEP-PROFILE-xF",
+    )
+    p.add_argument(
         "overrides",
         nargs="*",
         help="Hydra overrides: for the launcher (hydra/launcher=joblib hydra.launcher.n_jobs=2, or "
@@ -39,11 +44,17 @@ def run(args: list[str]) -> None:
     if a.data_dir is not None and not (a.data_dir and Path(a.data_dir).is_dir()):
         fail(f"--data-dir {a.data_dir} is not a folder; pass the folder holding pile-mini/ and books-mini/ "
              "(e.g. ../shared/data), or leave it out for the synthetic corpus")
+    if not 0 < a.scale < float("inf"):
+        fail(f"--scale {a.scale:g} must be a positive number, e.g. --scale 0.1 for a trial at a tenth of the "
+             "budget")
+    if a.scale != 1:
+        overrides.append(f"budget_scale={a.scale:g}")
     experiment = EXPERIMENTS[a.sweep]
     if a.plan:
         print_plan(experiment, a.profile, a.data_dir, overrides)
         return
-    out = a.out or runs_root() / "sweeps" / f"{a.sweep}-{a.profile}"
+    folder = f"{a.sweep}-{a.profile}" + (f"-x{a.scale:g}" if a.scale != 1 else "")
+    out = a.out or runs_root() / "sweeps" / folder
     trained = experiment.train(a.profile, out, a.data_dir, launcher, overrides=overrides)
     for key, value in ((k, v) for k, v in trained.info.items() if v):  # what the sweep decided (recall: lrs)
         print(f"{key}: " + (", ".join(f"{m} {v:g}" for m, v in value.items()) if isinstance(value, dict)

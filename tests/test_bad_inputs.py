@@ -286,6 +286,38 @@ def test_ablate_data_dir_and_launcher_overrides(capsys, tmp_path):
     assert "# CPU runs: ~" in capsys.readouterr().out
 
 
+def test_ablate_scale_multiplies_every_runs_budget_and_is_part_of_its_identity(capsys, tmp_path, monkeypatch):
+    import re
+
+    from ttt_bench.experiments.engine.runner import Trained
+
+    def tokens(*extra):
+        main(["ablate", "table1", "--profile", "cpu", "--plan", *extra])
+        out = capsys.readouterr().out
+        return [float(t) for t in re.findall(r"\[([\d.e+]+) tokens", out)], out
+
+    full, _ = tokens()
+    tenth, out = tokens("--scale", "0.1")
+    assert len(full) == len(tenth) and all(t == pytest.approx(f / 10, rel=0.02) for f, t in zip(full, tenth))
+    assert "budget_scale=0.1" in out  # in every run's overrides: another run folder, never a resumed one
+    err = cli_error(capsys, tmp_path, "ablate", "table1", "--plan", "--scale", "0")
+    assert "--scale 0 must be a positive number" in err
+    seen = {}
+
+    def sweep(profile, out, data_dir, launcher, overrides=()):
+        seen["out"], seen["overrides"] = out, list(overrides)
+        return Trained(pd.DataFrame({"status": ["finished"]}))
+
+    import pandas as pd
+
+    from ttt_bench.experiments import EXPERIMENTS
+
+    monkeypatch.setattr(EXPERIMENTS["minibatch"], "train", sweep)
+    monkeypatch.setenv("TTT_BENCH_RUNS", str(tmp_path / "runs"))
+    main(["ablate", "minibatch", "--profile", "smoke", "--scale", "0.5"])
+    assert seen["overrides"] == ["budget_scale=0.5"] and seen["out"].name == "minibatch-smoke-x0.5"
+
+
 def test_ablate_with_failed_runs_exits_2(capsys, tmp_path, monkeypatch):
     import pandas as pd
 

@@ -11,8 +11,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG_MODULE = "pkg://ttt_bench.conf"
 
 
-def _steps(total_tokens, tokens_per_batch) -> int:
-    """Optimizer steps for a token budget: ceil(total / per batch)."""
+def _steps(total_tokens, tokens_per_batch, scale=1.0) -> int:
+    """Optimizer steps for a token budget: ceil(total x scale / per batch); `scale` is `budget_scale`, the
+    trial multiplier of `ttt-bench ablate --scale` (1 otherwise)."""
     from .errors import UserError
 
     for key, value, example in [("recipe.total_tokens", total_tokens, "2.5e6"),
@@ -21,7 +22,10 @@ def _steps(total_tokens, tokens_per_batch) -> int:
             raise UserError(f"{key}={value!r} must be a positive number of tokens, e.g. {key}={example}")
     if tokens_per_batch != int(tokens_per_batch):
         raise UserError(f"recipe.tokens_per_batch={tokens_per_batch!r} must be a whole number of tokens")
-    return max(1, math.ceil(total_tokens / int(tokens_per_batch)))
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
+        raise UserError(f"budget_scale={scale!r} must be a positive number, e.g. budget_scale=0.1 for a "
+                        "trial at a tenth of the budget")
+    return max(1, math.ceil(total_tokens * scale / int(tokens_per_batch)))
 
 
 def _slug(overrides: str) -> str:

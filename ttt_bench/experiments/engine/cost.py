@@ -71,9 +71,10 @@ def run_cost(cfg) -> Cost:
             net = instantiate(cfg.model, num_classes=dm.num_classes, token_dim=dm.token_dim,
                               num_tokens=dm.num_tokens)
             _per_unit[key] = count_flops(net, dm.token_dim, dm.num_tokens, backward=True)
-        images = float(cfg.recipe.total_images)
+        images = float(cfg.trainer.max_steps) * int(cfg.recipe.batch_size)  # as trained (--scale)
         return Cost(float("nan"), images, _per_unit[key] * images, int(dm.num_tokens), None)
-    tokens, seq_len, vocab = float(cfg.recipe.total_tokens), int(cfg.data.seq_len), vocab_size(cfg)
+    tokens = float(cfg.trainer.max_steps) * int(cfg.recipe.tokens_per_batch)  # as trained (--scale)
+    seq_len, vocab = int(cfg.data.seq_len), vocab_size(cfg)
     key = json.dumps([model, seq_len, vocab], sort_keys=True, default=str)
     if key not in _per_unit:
         _per_unit[key] = flops_per_token(model, seq_len, vocab)["train"]
