@@ -336,3 +336,17 @@ def test_ctrl_c_stops_a_sweep_instead_of_recording_a_failed_run(tmp_path):
     statuses = [json.loads(p.read_text()).get("status", "finished") for p in out.glob("*/metrics.json")]
     assert len(statuses) == 3 and "failed" not in statuses
     assert "resuming from step 2 of 8" in (out / started[0] / "hydra" / "runner.log").read_text()
+
+
+def test_a_new_run_says_why_it_did_not_resume(tmp_path):
+    """The same command with another max_steps (the schedule depends on it) starts a new run folder, and its
+    log names the nearest earlier run and the option that differs."""
+    runs = tmp_path / "runs"
+    train_in_process(f"paths.runs={runs}", "trainer.max_steps=2")
+    (first,) = runs.glob("*/*/identity.json")
+    assert "a new run" not in (first.parent / "main.log").read_text()
+    train_in_process(f"paths.runs={runs}", "trainer.max_steps=3")
+    (second,) = [p.parent for p in runs.glob("*/*/identity.json") if p != first]
+    log = (second / "main.log").read_text()
+    assert f"a new run, not a resume: the nearest earlier run of this model ({first.parent.name})" in log
+    assert "trainer.max_steps was 2, is 3" in log

@@ -85,6 +85,32 @@ def claim(run_dir: Path, ident: dict) -> None:
     write_json(path, ident)
 
 
+def why_new(run_dir: Path, ident: dict) -> str | None:
+    """Why this command starts a new run rather than resuming one: for a folder without identity.json, the
+    sibling run (same model, size, data and context: the parent folder) whose identity is closest, and what
+    differs (e.g. trainer.max_steps, which the schedule depends on). None for a folder that has a run, or
+    when there is no sibling."""
+    if (run_dir / "identity.json").is_file():
+        return None
+    nearest = None
+    for other in sorted(run_dir.parent.glob("*/identity.json")):
+        try:
+            recorded = json.loads(other.read_text())
+            changed = _differences(recorded["config"], ident["config"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # a damaged sibling says nothing about this run
+        if recorded.get("data_fingerprint") != ident["data_fingerprint"]:
+            changed.append("the data")
+        if nearest is None or len(changed) < len(nearest[1]):
+            nearest = (other.parent, changed)
+    if nearest is None or not nearest[1]:
+        return None
+    folder, changed = nearest
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (f"a new run, not a resume: the nearest earlier run of this model ({folder.name}) differs in "
+            f"{'; '.join(changed[:3])}{more}; options that change the result start a new folder")
+
+
 def _differences(recorded: dict, ident: dict, prefix: str = "") -> list[str]:
     out = []
     for key in sorted(recorded.keys() | ident.keys()):

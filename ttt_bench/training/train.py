@@ -41,7 +41,7 @@ from .evaluate import (
     save_token_index,
 )
 from .module import LitBase, LitClassifier, LitLM
-from .run_folder import claim, identity, locked
+from .run_folder import claim, identity, locked, why_new
 
 log = logging.getLogger(__name__)
 # Lightning advertises a hosted logger at every fit (a "Tip:" line): not a message for our users.
@@ -247,7 +247,10 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg, int(cfg.trainer.max_steps) * geo["tokens_per_step"])
     if rank_zero_only.rank == 0:
-        claim(run_dir, identity(cfg, getattr(dm, "fingerprint", None)))
+        ident = identity(cfg, getattr(dm, "fingerprint", None))
+        if why := why_new(run_dir, ident):
+            log.info(why)
+        claim(run_dir, ident)
     module = make_module(dm)
     if cfg.trainer.accelerator == "cpu":
         torch.set_float32_matmul_precision("highest")
