@@ -4,7 +4,9 @@ half-written output folder. Run through the CLI in-process."""
 import gzip
 import json
 import os
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import zstandard
@@ -308,8 +310,6 @@ def test_ablate_scale_multiplies_every_runs_budget_and_is_part_of_its_identity(c
         seen["out"], seen["overrides"] = out, list(overrides)
         return Trained(pd.DataFrame({"status": ["finished"]}))
 
-    import pandas as pd
-
     from ttt_bench.experiments import EXPERIMENTS
 
     monkeypatch.setattr(EXPERIMENTS["minibatch"], "train", sweep)
@@ -466,3 +466,25 @@ def test_a_metrics_log_with_an_edited_header_is_one_line_on_resume(capsys, tmp_p
         main(args)
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 2 and "has no 'step' column" in err
+
+
+def test_a_damaged_registry_is_a_one_line_error_naming_the_file_and_line(capsys, tmp_path):
+    """Read as the plots and the report read it: a duplicated run would count as two seeds, a non-numeric
+    value would drop a point, a missing column would be a KeyError."""
+    committed = Path(__file__).parents[1] / "results" / "cpu" / "recall" / "registry.csv"
+    good = pd.read_csv(committed)
+    text = good.astype({"val_accuracy": object})
+    text.loc[2, "val_accuracy"] = "0.9x"
+    cases = {
+        "duplicated": (pd.concat([good, good.iloc[[3]]]), f"lists run {good['run'].iloc[3]} twice (lines 5"),
+        "non-numeric": (text, f"line 4 (run {good['run'].iloc[2]}): val_accuracy is '0.9x', not a number"),
+        "no status": (good.drop(columns=["status"]), "has no column status"),
+    }
+    for name, (df, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        df.to_csv(folder / "registry.csv", index=False)
+        before = (folder / "registry.csv").read_bytes()
+        err = cli_error(capsys, tmp_path, "plot", "recall", str(folder), "--out", str(tmp_path / "fig"))
+        assert f"registry {folder / 'registry.csv'}" in err and message in err, err
+        assert (folder / "registry.csv").read_bytes() == before and not (tmp_path / "fig").exists()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from .plan import Run, check_profile, expand, load_sweep, merge
+from .registry import load_csv
 from .report import Step, StepContext
 from .runner import Progress, Stage, Trained, train_stage
 from .verdicts import Claim
@@ -137,7 +138,7 @@ class Experiment:
 
 def read_csv(folder: Path, name: str) -> pd.DataFrame | None:
     path = Path(folder) / name
-    return pd.read_csv(path) if path.is_file() else None
+    return load_csv(path) if path.is_file() else None
 
 
 def drawn(name: str, draw) -> None:

@@ -80,10 +80,47 @@ def read_registry(path: Path) -> pd.DataFrame:
     """A sweep folder's registry (merged anew from its runs when they are there) or a registry CSV."""
     path = Path(path)
     if path.is_dir():
-        return collect(path) if (path / "plan.json").is_file() else pd.read_csv(path / "registry.csv")
+        return collect(path) if (path / "plan.json").is_file() else load_csv(path / "registry.csv")
     if not path.is_file():
         raise UserError(f"no registry at {path}; run `ttt-bench ablate SWEEP --out DIR` first")
-    return pd.read_csv(path)
+    return load_csv(path)
+
+
+def load_csv(path: Path) -> pd.DataFrame:
+    """A committed CSV of a sweep folder; a registry (registry.csv, calibration.csv) is checked as it is read:
+    columns `run` and `status`, each run once, and the measurements of finished runs numbers, or a one-line
+    error naming the file, the row and what to do."""
+    path = Path(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable CSV ({reason}); restore it from git or delete it and run "
+                        "the sweep again") from None
+    if path.name in ("registry.csv", "calibration.csv"):
+        check_registry(df, path)
+    return df
+
+
+def check_registry(df: pd.DataFrame, path: Path) -> None:
+    """One line naming `path` and its first problem: a missing `run`/`status` column, a run listed twice (it
+    would count as two seeds), a finished run's measurement that is not a number (it would drop a point)."""
+    fix = "restore it from git, or delete it and run the sweep again to rebuild it from the run folders"
+    if missing := [c for c in ("run", "status") if c not in df]:
+        raise UserError(f"registry {path} has no column {', '.join(missing)}; {fix}")
+    twice = df["run"][df["run"].duplicated()]
+    if len(twice):
+        rows = [int(i) + 2 for i in df.index[df["run"] == twice.iloc[0]]]  # file lines: the header is line 1
+        raise UserError(f"registry {path} lists run {twice.iloc[0]} twice (lines {rows[0]} and {rows[1]}); "
+                        f"{fix}")
+    finished = df[df["status"] == "finished"]
+    for col in (c for c in NUMERIC if c in finished):
+        values = finished[col]
+        bad = values.notna() & pd.to_numeric(values, errors="coerce").isna()
+        if bad.any():
+            i = bad.idxmax()
+            raise UserError(f"registry {path}, line {int(i) + 2} (run {df.at[i, 'run']}): {col} is "
+                            f"{values[i]!r}, not a number; {fix}")
 
 
 def finished_runs(reg: pd.DataFrame | None) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ...bench.common import hardware
 from ...io import write_atomic, write_json
+from .registry import load_csv
 from .runner import Progress
 from .verdicts import STATUSES, judge_all
 
@@ -124,7 +125,7 @@ class Results:
         if (step, name) not in self.frames:
             folder = self.folders.get(step) or (None if self.out is None else Path(self.out) / step)
             path = None if folder is None else Path(folder) / name
-            self.frames[step, name] = pd.read_csv(path) if path is not None and path.is_file() else None
+            self.frames[step, name] = load_csv(path) if path is not None and path.is_file() else None
         return self.frames[step, name]
 
     @functools.cached_property
