@@ -263,6 +263,38 @@ def test_disk_full_is_one_line_and_leaves_no_partial_output(capsys, tmp_path, ch
     assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "partial token cache left"
 
 
+def test_a_full_disk_under_torch_save_or_datasets_is_one_line_naming_the_path(capsys, tmp_path, monkeypatch):
+    """torch.save reports a full disk as RuntimeError("... file write failed"), datasets wraps the OSError in
+    its DatasetGenerationError: both reach the user as "no space left on device (PATH)", exit 2, nothing
+    half-written."""
+    import errno
+
+    import datasets
+
+    def torch_save(obj, f):
+        f.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing "
+                           "file data/3: file write failed")
+
+    monkeypatch.setattr("ttt_bench.training.checkpoint.torch.save", torch_save)
+    monkeypatch.setattr("ttt_bench.io.shutil.disk_usage", lambda p: type("U", (), {"free": 4096})())
+    err = cli_error(capsys, tmp_path, "train", *TINY, "trainer.max_steps=2", "checkpoint_every_n_steps=1",
+                    f"paths.cache={tmp_path / 'cache'}")
+    assert "no space left on device" in err and "step-1.ckpt" in err and "TTT_BENCH_RUNS" in err
+    monkeypatch.undo()
+
+    def generate(*args, **kwargs):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "cache" / "arrow"))
+        except OSError as e:
+            raise datasets.exceptions.DatasetGenerationError("An error occurred generating the dataset") from e
+
+    monkeypatch.setattr(datasets.Dataset, "from_generator", generate)
+    err = cli_error(capsys, tmp_path, "train", *TINY, f"paths.cache={tmp_path / 'cache2'}")
+    assert "no space left on device" in err and str(tmp_path / "cache" / "arrow") in err
+    assert not [p for p in (tmp_path / "cache2").rglob("*") if p.is_file() and "tokens" in p.name]
+
+
 def test_registries_that_are_empty_or_corrupt(capsys, tmp_path):
     out = tmp_path / "runs"  # cli_error checks that nothing is left there
     empty, corrupt, no_runs, not_sweep = (tmp_path / n for n in ("empty", "corrupt", "no_runs", "not_sweep"))

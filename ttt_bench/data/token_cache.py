@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
-from ..io import atomic_file, write_atomic
+from ..io import atomic_file, chained_os_error, write_atomic
 from .corpora import LocalCorpus, ReadStats, Shard
 from .tokenizers import fingerprint, from_spec
 
@@ -87,6 +87,8 @@ def _token_batches(corpus, tokenizer, split: str, num_proc: int, hf_cache: str, 
     except datasets.exceptions.DatasetGenerationError as e:
         if isinstance(e.__cause__, UserError):  # e.g. a bad line with data.corpus.on_bad_line=error
             raise e.__cause__ from None
+        if failed := chained_os_error(e):  # a full disk under the cache: the OSError, not datasets' wrapper
+            raise failed from None
         if stats.documents:
             raise
         return  # datasets cannot build an empty dataset

@@ -9,7 +9,7 @@ from lightning.fabric.plugins.io import TorchCheckpointIO
 
 from ..data.tokenizers import from_spec
 from ..errors import UserError
-from ..io import atomic_file
+from ..io import atomic_file, write_failed
 from .module import LitClassifier, LitLM
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         with atomic_file(path) as f:
-            torch.save(checkpoint, f)
+            try:
+                torch.save(checkpoint, f)
+            except RuntimeError as e:  # a full disk: torch.save's "file write failed", no OSError
+                raise write_failed(e, path) from e
 
 
 def torch_device(name: str, option: str = "device") -> torch.device:
