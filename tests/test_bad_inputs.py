@@ -287,7 +287,7 @@ def test_a_full_disk_under_torch_save_or_datasets_is_one_line_naming_the_path(ca
         try:
             raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "cache" / "arrow"))
         except OSError as e:
-            raise datasets.exceptions.DatasetGenerationError("An error occurred generating the dataset") from e
+            raise datasets.exceptions.DatasetGenerationError("generating the dataset failed") from e
 
     monkeypatch.setattr(datasets.Dataset, "from_generator", generate)
     err = cli_error(capsys, tmp_path, "train", *TINY, f"paths.cache={tmp_path / 'cache2'}")
