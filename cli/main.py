@@ -4,6 +4,7 @@ the library. `train` and `eval` are Hydra apps (overrides, --multirun, --cfg job
 import contextlib
 import math
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,8 +31,25 @@ def one_line(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
-def composition_error(e: Exception) -> str:
-    """One line for an error composing the config from the command line, with a "did you mean"."""
+def quoting_hint(args: list[str]) -> str:
+    """For a value that Hydra's override grammar cannot read unquoted (a comma, a quote, brackets, a
+    backslash, a non-ASCII letter): the override and how to quote it; "" when no value needs it."""
+    for arg in args:
+        key, eq, value = arg.partition("=")
+        special = re.search(r"[,'\"\\\[\]{}()]|[^\x00-\x7f]", value)
+        if not eq or value[:1] in ("'", '"', "[", "{") or not special:
+            continue
+        quoted = f'{key}="{value}"' if "'" in value else f"{key}='{value}'"
+        shell = f"'{quoted}'" if "'" not in quoted else f'"{quoted.replace(chr(34), chr(92) + chr(34))}"'
+        return (f"bad override {arg}: Hydra's override grammar cannot read this value unquoted (commas, "
+                f"quotes, brackets and non-ASCII letters need quotes); write it as {shell} (the outer quotes "
+                "are the shell's)")
+    return ""
+
+
+def composition_error(e: Exception, args: list[str] = ()) -> str:
+    """One line for an error composing the config from the command line, with a "did you mean" or how to
+    quote a value."""
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
@@ -43,6 +61,9 @@ def composition_error(e: Exception) -> str:
         parent = cause.full_key.rpartition(".")[0]
         hint = did_you_mean(str(cause.key), cause.parent_node.keys(), f"{parent}." if parent else "")
         return f"unknown config key '{cause.full_key}'{hint} (add a new key with +key=value)"
+    grammar = isinstance(e, OverrideParseException) or "add --multirun" in str(e)  # a comma: "a sweep?"
+    if grammar and (hint := quoting_hint(args)):
+        return hint
     if isinstance(e, OverrideParseException):
         return f"bad override: {str(e).splitlines()[0]}; write it as key=value"
     return f"bad override: {one_line(e)}"
@@ -89,7 +110,7 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
     try:
         hydra.main(config_path=CONFIG_MODULE, config_name=config_name, version_base="1.3")(app)()
     except (HydraException, OmegaConfBaseException) as e:
-        fail(composition_error(e))
+        fail(composition_error(e, args))
     finally:
         sys.argv = argv_before
         if full_error is None:
@@ -168,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     except (Interrupted, KeyboardInterrupt) as e:  # Ctrl-C / SIGTERM: training saved its last finished step
         fail(str(e) or Interrupted(), code=130)  # a sweep's Interrupted arrives as a KeyboardInterrupt
     except (HydraException, OmegaConfBaseException) as e:  # e.g. bench's --set, --size
-        fail(composition_error(e))
+        fail(composition_error(e, rest))
     except BrokenPipeError:  # the reader went away (`ttt-bench ... | head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         sys.exit(141)

@@ -520,3 +520,16 @@ def test_a_damaged_registry_is_a_one_line_error_naming_the_file_and_line(capsys,
         err = cli_error(capsys, tmp_path, "plot", "recall", str(folder), "--out", str(tmp_path / "fig"))
         assert f"registry {folder / 'registry.csv'}" in err and message in err, err
         assert (folder / "registry.csv").read_bytes() == before and not (tmp_path / "fig").exists()
+
+
+@pytest.mark.parametrize("value, shell", [("/x/a,b", "\"paths.runs='/x/a,b'\""),
+                                          ("/x/it's", "\"paths.runs=\\\"/x/it's\\\"\""),
+                                          ("/x/ü", "\"paths.runs='/x/ü'\"")])
+def test_a_path_hydra_cannot_read_unquoted_gets_a_quoting_hint_that_works(capsys, tmp_path, value, shell):
+    """Commas, apostrophes and non-ASCII letters break Hydra's override grammar: the error says how to quote
+    the value, and the quoted form (as the shell passes it) composes to the same path."""
+    err = cli_error(capsys, tmp_path, "train", f"paths.runs={value}")
+    assert f"bad override paths.runs={value}:" in err and f"write it as {shell}" in err
+    quoted = shell[1:-1].replace('\\"', '"')  # what the shell hands over
+    main(["train", quoted, "--cfg", "job"])
+    assert f"runs: {value}" in capsys.readouterr().out
