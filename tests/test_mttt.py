@@ -404,3 +404,16 @@ def test_image_floors_on_the_runs_own_split():
     table, _ = mttt_table(fake_registry({"linear_attention": 0.10, "mttt_mlp": 1.0}))
     assert "Under-trained** (not above the linear floor): linear_attention." in floors_text(floors, table)
 
+
+
+def test_every_image_split_is_checked_against_the_geometry_the_model_reads(tmp_path):
+    """A test split of another size would be scored by a model of another token count: a one-line error
+    naming the split."""
+    rng = np.random.default_rng(0)
+    labels = lambda n: rng.integers(0, 10, n, dtype=np.uint8)
+    for name, shape in (("train-images-idx3-ubyte", (40, 28, 28)), ("t10k-images-idx3-ubyte", (8, 32, 32))):
+        write_idx(tmp_path / f"{name}.gz", rng.integers(0, 255, shape, dtype=np.uint8), 0x803)
+    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", labels(40), 0x801)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels(8), 0x801)
+    with pytest.raises(UserError, match=r"^test images in .* are 32x32, data.native_size says 28; give every"):
+        ImageDataModule(source="fashion_mnist", folder=str(tmp_path), val_examples=8).prepare_data()

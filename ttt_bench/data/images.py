@@ -229,12 +229,14 @@ class ImageDataModule(L.LightningDataModule):
         if self.splits:
             return
         raw = self.load()
+        for split, (x, _) in raw.items():  # every split: a model is only as good as the geometry it reads
+            if x.shape[1:] != (self.native_size, self.native_size):
+                where = f" in {self.folder}" if self.source == "fashion_mnist" else ""
+                fix = (f"set data.native_size={x.shape[1]}" if split == "train" else
+                       "give every split images of the training split's size")
+                raise UserError(f"{split} images{where} are {x.shape[1]}x{x.shape[2]}, data.native_size says "
+                                f"{self.native_size}; {fix}")
         images, labels = raw["train"]
-        if images.shape[1:] != (self.native_size, self.native_size):
-            raise UserError(
-                f"images are {images.shape[1]}x{images.shape[2]}, data.native_size says "
-                f"{self.native_size}; set data.native_size={images.shape[1]}"
-            )
         n_val = self.limits["validation"]
         if n_val >= len(images):
             raise UserError(f"data.val_examples={n_val} leaves no training images out of {len(images)}")
