@@ -415,5 +415,5 @@ def test_every_image_split_is_checked_against_the_geometry_the_model_reads(tmp_p
         write_idx(tmp_path / f"{name}.gz", rng.integers(0, 255, shape, dtype=np.uint8), 0x803)
     write_idx(tmp_path / "train-labels-idx1-ubyte.gz", labels(40), 0x801)
     write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels(8), 0x801)
-    with pytest.raises(UserError, match=r"^test images in .* are 32x32, data.native_size says 28; give every"):
+    with pytest.raises(UserError, match=r"^test images in .* are 32x32, data.native_size says 28; give"):
         ImageDataModule(source="fashion_mnist", folder=str(tmp_path), val_examples=8).prepare_data()
