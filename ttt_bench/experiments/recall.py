@@ -226,6 +226,9 @@ def recall_beats(a: str, b: str):
         df = finished_runs(r.csv("recall"))
         if df.empty or "method" not in df:
             return Verdict(MISSING, "no finished recall runs")
+        if absent := [m for m in (a, b) if not (df["method"] == m).any()]:
+            return Verdict(NOT_TESTED, f"not in this profile's recall grid: {', '.join(absent)} "
+                           "(conf/sweep/recall.yaml says why)")
         hard = df[df["pairs"] == df["pairs"].max()]
         label = lambda m: str(df.loc[df["method"] == m, "label"].iloc[0]) if (df["method"] == m).any() else m
         widths = sorted(hard["width"].unique())
