@@ -4,10 +4,9 @@ half-written file (`.*.tmp`) and changes nothing that existed before it (a finis
 
 Values are drawn by hypothesis from a mix of numbers (negative, zero, huge, nan, inf), text (spaces, commas,
 quotes, non-ASCII, empty) and the option's valid examples. Budget-like values that are valid stay small
-(a valid `trainer.max_steps` is at most 3), so a draw that trains finishes in seconds. About 60 s."""
+(a valid `trainer.max_steps` is at most 3), so a draw that trains finishes in seconds. About 90 s."""
 
 import contextlib
-import os
 from pathlib import Path
 
 import pytest
@@ -32,35 +31,33 @@ ANY = st.one_of(
                      "it's", 'a"b', "ü", "a b", "../..", "/", "{}", "${oc.env:HOME}", "%s", "\\"]),
     st.text(min_size=0, max_size=12),
 )
-SMALL = st.one_of(st.integers(-3, 3), ANY.filter(lambda v: not isinstance(v, int) or not 3 < abs(v) < 10**9))
+# For keys that size a run: garbage, or a valid value that keeps it small (a valid 10**9 there is a request
+# for a huge run, not a bad input; `train` refuses a model larger than the machine, tested elsewhere).
+def is_garbage(value) -> bool:
+    """Not a positive number above 3 (as Hydra would read it): no huge valid budget."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return True
+    return not (3 < number < float("inf")) or number != int(number)
 
-# Config keys of `train` and what to draw for each (budget keys: small when valid).
+
+GARBAGE = ANY.filter(is_garbage)
+SMALL = st.one_of(st.integers(-3, 3), GARBAGE)
+
+# Config keys of `train` and what to draw for each.
 TRAIN_KEYS = {
-    "trainer.max_steps": SMALL, "seed": ANY, "size.lr": ANY, "data.seq_len": SMALL, "budget_scale": ANY,
+    "trainer.max_steps": SMALL, "seed": ANY, "size.lr": ANY, "data.seq_len": SMALL, "budget_scale": SMALL,
     "data.micro_batch_size": SMALL, "checkpoint_every_n_steps": ANY, "eval_every_n_steps": ANY,
     "nonfinite": ANY, "trainer.precision": ANY, "data.val_tokens": SMALL, "model": ANY,
-    "recipe.warmup_fraction": ANY, "recipe.grad_clip": ANY, "size.n_layers": SMALL, "size.d_model": SMALL,
-    "data.corpus.mean_doc_bytes": SMALL,
+    "recipe.warmup_fraction": ANY, "recipe.grad_clip": ANY, "size.n_layers": SMALL, "size.n_heads": SMALL,
 }
-SCALED = {"budget_scale", "data.seq_len", "data.micro_batch_size", "trainer.max_steps", "size.n_layers",
-          "size.d_model", "data.val_tokens", "data.corpus.mean_doc_bytes"}
 FIGURES = ["scaling", "context", "token-index", "latency", "recall", "minibatch", "inner-loss", "curves",
            "nosuch"]
 
 
 def text(value) -> str:
     return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
-
-
-def small_budget(key: str, value) -> bool:
-    """Whether a draw keeps a valid run small (a large float budget_scale or seq_len would train long)."""
-    if key not in SCALED:
-        return True
-    try:
-        number = float(text(value))
-    except ValueError:
-        return True
-    return not (3 < abs(number) < 10**9) or key in ("data.seq_len", "data.corpus.mean_doc_bytes") and number <= 64
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +92,7 @@ def check(world, capsys, argv: list[str]) -> None:
     assert not list(world["root"].rglob(".*.tmp")), f"{argv} left a half-written file"
 
 
-FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=8, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -103,7 +100,6 @@ FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
 @given(st.dictionaries(st.sampled_from(sorted(TRAIN_KEYS)), st.just(None), min_size=1, max_size=2)
        .flatmap(lambda keys: st.fixed_dictionaries({k: TRAIN_KEYS[k] for k in keys})))
 def test_train_with_generated_config_values(world, capsys, values):
-    values = {k: v for k, v in values.items() if small_budget(k, v)}
     runs = world["root"] / "train-runs"
     check(world, capsys, ["train", *TINY, *[f"{k}={text(v)}" for k, v in values.items()],
                           f"paths.runs={runs}", f"paths.cache={world['root'] / 'cache'}"])
@@ -114,7 +110,7 @@ def test_train_with_generated_config_values(world, capsys, values):
 def test_generate_with_generated_options(world, capsys, option, value):
     ckpt = text(value) if option == "ckpt" else str(world["ckpt"])
     args = [] if option == "ckpt" else [f"--{option.replace('_', '-')}", text(value)]
-    if option == "max_new_tokens" and isinstance(value, int) and value > 8:
+    if option == "max_new_tokens" and not is_garbage(value):
         args = ["--max-new-tokens", "8"]
     check(world, capsys, ["generate", ckpt, "--prompt", "ab", "--max-new-tokens", "4", *args])
 
@@ -122,12 +118,13 @@ def test_generate_with_generated_options(world, capsys, option, value):
 @FUZZ
 @given(st.sampled_from(["ckpt_path", "seq_len", "max_tokens", "batch_size", "data"]), ANY)
 def test_eval_with_generated_values(world, capsys, key, value):
-    if key in ("seq_len", "max_tokens", "batch_size") and isinstance(value, int) and abs(value) > 256:
-        value = 256
+    if key in ("seq_len", "max_tokens", "batch_size") and not is_garbage(value):
+        value = 64
     ckpt = text(value) if key == "ckpt_path" else str(world["ckpt"])
     extra = [] if key == "ckpt_path" else [f"{key}={text(value)}"]
+    root = world["root"]
     check(world, capsys, ["eval", f"ckpt_path={ckpt}", "max_tokens=128", *extra,
-                          f"paths.runs={world['root'] / 'eval-runs'}", f"paths.cache={world['root'] / 'cache'}"])
+                          f"paths.runs={root / 'eval'}", f"paths.cache={root / 'cache'}"])
 
 
 @FUZZ
@@ -156,11 +153,11 @@ def test_ablate_plan_with_generated_options(world, capsys, sweep, option, value)
 @given(st.sampled_from(["--contexts", "--batch", "--repeats", "--phases", "--models", "--dtype", "--threads",
                         "--size", "--decode-tokens"]), ANY)
 def test_bench_models_with_generated_options(world, capsys, option, value):
-    if isinstance(value, int) and abs(value) > 4 and option not in ("--size", "--models", "--phases", "--dtype"):
+    if not is_garbage(value) and option not in ("--size", "--models", "--phases", "--dtype"):
         value = 4  # a valid large value would time a large model
     out = world["root"] / "bench.csv"
-    check(world, capsys, ["bench", "models", "--preset", "quick", "--models", "transformer", "--phases", "prefill",
-                          "--contexts", "16", "--repeats", "1", "--warmup", "0", "--threads", "1",
+    check(world, capsys, ["bench", "models", "--preset", "quick", "--models", "transformer", "--phases",
+                          "prefill", "--contexts", "16", "--repeats", "1", "--warmup", "0", "--threads", "1",
                           "--d-model", "16", "--n-layers", "1", "--n-heads", "1", "--train-context", "16",
                           option, text(value), "--out", str(out)])
 

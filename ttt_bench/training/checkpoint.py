@@ -40,7 +40,10 @@ def torch_device(name: str, option: str = "device") -> torch.device:
 
 def read_checkpoint(path: str | Path, map_location: str = "cpu") -> dict:
     """The contents of a checkpoint written by `ttt-bench train`, or a UserError naming the file."""
-    path = Path(path)
+    if isinstance(path, bool) or not isinstance(path, str | Path | int | float) or not str(path).strip():
+        raise UserError(f"checkpoint path {path!r} is not a file path; pass the .ckpt file of a run "
+                        "(runs/<run>/checkpoints/last.ckpt)")
+    path = Path(str(path))  # ckpt_path=123 reaches here as an int
     torch_device(str(map_location))  # no GPU: say so, rather than call a good checkpoint unreadable
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass the .ckpt file of a run "

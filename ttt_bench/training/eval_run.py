@@ -43,7 +43,7 @@ def _mtime(cfg: DictConfig) -> int | None:
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
-    if OmegaConf.is_missing(cfg, "ckpt_path"):
+    if OmegaConf.is_missing(cfg, "ckpt_path") or not str(cfg.ckpt_path or "").strip():
         raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
     check_options(cfg)
     done = Path(out_dir) / "metrics.json"

@@ -15,6 +15,7 @@ training loop's own throughput, the number to compare with `ttt-bench bench mode
 import importlib.util
 import logging
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config import task_name
 from ..errors import UserError
-from ..flops import train_flops
+from ..flops import flops_per_token, train_flops
 from ..io import write_json
 from ..vision.flops import count_flops
 from .callbacks import LossLog, RunCSVLogger, StepCheckpoint, StepProgressBar, StepTimer, StopOnSignal
@@ -233,7 +234,27 @@ def build_module(cfg: DictConfig, dm) -> LitBase:
     if task_name(cfg) == "image":
         return LitClassifier(num_classes=dm.num_classes, token_dim=dm.token_dim, num_tokens=dm.num_tokens,
                              **common)
+    check_fits(common["model_cfg"], dm.vocab_size, cfg)
     return LitLM(vocab_size=dm.vocab_size, tokenizer=dm.build_tokenizer().spec, **common)
+
+
+def check_fits(model_cfg: dict, vocab_size: int, cfg: DictConfig) -> None:
+    """A model whose weights, gradients and AdamW states (16 bytes a parameter, the parameters counted from
+    its FLOPs per token at a context of 1) exceed the memory of the machine or GPU it would train on is a
+    one-line error before it is built: `size.n_layers=10**9` would exhaust the memory building it."""
+    try:
+        params = flops_per_token(model_cfg, 1, vocab_size)["forward"] / 2
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return  # the model's own constructor says what is wrong with such a config
+    on_gpu = cfg.trainer.accelerator in ("gpu", "cuda") and torch.cuda.is_available()
+    have = (torch.cuda.get_device_properties(0).total_memory if on_gpu
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if 16 * params > have:
+        size = ", ".join(f"size.{k}={cfg.size[k]}" for k in ("n_layers", "d_model") if k in cfg.size)
+        need = 16 * params / 2**30
+        raise UserError(f"the model ({size}) has about {params:.3g} parameters: {need:,.0f} GiB for weights, "
+                        f"gradients and AdamW states, more than the {have / 2**30:,.0f} GiB of "
+                        f"this {'GPU' if on_gpu else 'machine'}; choose a smaller size (e.g. size=xs)")
 
 
 def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
