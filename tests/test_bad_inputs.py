@@ -533,3 +533,10 @@ def test_a_path_hydra_cannot_read_unquoted_gets_a_quoting_hint_that_works(capsys
     quoted = shell[1:-1].replace('\\"', '"')  # what the shell hands over
     main(["train", quoted, "--cfg", "job"])
     assert f"runs: {value}" in capsys.readouterr().out
+
+
+def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(capsys, tmp_path):
+    """The fuzz drew size.n_layers=1904028957: building it exhausted the memory of the machine."""
+    err = cli_error(capsys, tmp_path, "train", *TINY, "size.n_layers=1904028957")
+    assert "has about 9.58e+13 parameters" in err and "GiB of this machine; choose a smaller size" in err
+    assert "ckpt_path" in cli_error(capsys, tmp_path, "eval", "ckpt_path=")
