@@ -147,10 +147,15 @@ class LitBase(L.LightningModule):
         decayed = lambda p: p.dim() >= 2 and not getattr(p, "_no_weight_decay", False)
         decay = [p for p in self.parameters() if p.requires_grad and decayed(p)]
         no_decay = [p for p in self.parameters() if p.requires_grad and not decayed(p)]
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": r["optimizer"]["weight_decay"]},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=r["lr"], betas=tuple(r["optimizer"]["betas"]), eps=r["optimizer"]["eps"])
+        o = r["optimizer"]
+        try:
+            opt = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": o["weight_decay"]},
+                 {"params": no_decay, "weight_decay": 0.0}], lr=r["lr"], betas=tuple(o["betas"]), eps=o["eps"])
+        except (ValueError, TypeError) as e:  # torch's message names no config key
+            raise UserError(f"recipe.optimizer (betas={list(o['betas'])}, eps={o['eps']}, weight_decay="
+                            f"{o['weight_decay']}) or recipe.lr={r['lr']}: {e}; e.g. "
+                            "recipe.optimizer.betas=[0.9,0.95]") from None
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: warmup_cosine(s, self.max_steps, r["warmup_fraction"], r["lr"], r["min_lr"]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
