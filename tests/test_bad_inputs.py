@@ -540,3 +540,8 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(capsys, t
     err = cli_error(capsys, tmp_path, "train", *TINY, "size.n_layers=1904028957")
     assert "has about 9.58e+13 parameters" in err and "GiB of this machine; choose a smaller size" in err
     assert "ckpt_path" in cli_error(capsys, tmp_path, "eval", "ckpt_path=")
+
+
+def test_optimizer_values_torch_refuses_name_the_config_key(capsys, tmp_path):
+    err = cli_error(capsys, tmp_path, "train", *TINY, "recipe.optimizer.betas=[0.9,1.5]")
+    assert "recipe.optimizer (betas=[0.9, 1.5]" in err and "Invalid beta parameter" in err

@@ -151,7 +151,8 @@ class LitBase(L.LightningModule):
         try:
             opt = torch.optim.AdamW(
                 [{"params": decay, "weight_decay": o["weight_decay"]},
-                 {"params": no_decay, "weight_decay": 0.0}], lr=r["lr"], betas=tuple(o["betas"]), eps=o["eps"])
+                 {"params": no_decay, "weight_decay": 0.0}],
+                lr=r["lr"], betas=tuple(o["betas"]), eps=o["eps"])
         except (ValueError, TypeError) as e:  # torch's message names no config key
             raise UserError(f"recipe.optimizer (betas={list(o['betas'])}, eps={o['eps']}, weight_decay="
                             f"{o['weight_decay']}) or recipe.lr={r['lr']}: {e}; e.g. "
