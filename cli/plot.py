@@ -41,7 +41,7 @@ def run(args: list[str]) -> None:
         try:
             paths = figures[a.figure].draw(a.inputs, Path(tmp) / a.figure.replace("-", "_"))
         except UserError as e:
-            fail(str(e))
+            fail(f"cannot draw {a.figure} from {src}: {e}")
         except (ValueError, KeyError, IndexError) as e:
             fail(f"cannot draw {a.figure} from {src} ({type(e).__name__}: {e}); is it the right input? "
                  "(see --help)")
