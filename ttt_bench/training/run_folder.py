@@ -88,10 +88,10 @@ def claim(run_dir: Path, ident: dict) -> None:
 def why_new(run_dir: Path, ident: dict) -> str | None:
     """Why this command starts a new run rather than resuming one: for a folder without identity.json, the
     sibling run (same model, size, data and context: the parent folder) whose identity is closest, and what
-    differs (e.g. trainer.max_steps, which the schedule depends on). None for a folder that has a run, or
-    when there is no sibling."""
-    if (run_dir / "identity.json").is_file():
-        return None
+    differs (e.g. trainer.max_steps, which the schedule depends on). None for a folder that has a run, a
+    run of a sweep, or when there is no sibling."""
+    if (run_dir / "identity.json").is_file() or (run_dir.parent / "plan.json").is_file():
+        return None  # a resume, or a sweep's run (its siblings are the sweep's other runs, by design)
     nearest = None
     for other in sorted(run_dir.parent.glob("*/identity.json")):
         try:
