@@ -249,7 +249,7 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     """PROFILE=paper: its plan (what `make reproduce PROFILE=paper` prints without a GPU) holds exactly the
     runs the pipeline trains on a GPU, every step's sweeps, each composed; the Llama tokenizer, bf16-mixed on
     the GPU trainer, the paper recipe with 0.5M tokens per batch for the language-model sweeps; every planned
-    run's cost is the FLOPs of the config it composes, over its token (or image) budget."""
+    run's cost is the FLOPs of the config it composes, over the tokens (or images) its steps train on."""
     require_models()
     from omegaconf import OmegaConf
 
@@ -285,12 +285,15 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
             and cfg.trainer.accelerator == "gpu"
         )
         model = OmegaConf.to_container(cfg.model, resolve=True)
-        cost = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)["train"] * cfg.recipe.total_tokens
+        trained_tokens = cfg.trainer.max_steps * cfg.recipe.tokens_per_batch  # whole steps, as trained
+        assert trained_tokens == pytest.approx(cfg.recipe.total_tokens, rel=1e-3)
+        cost = flops_per_token(model, cfg.data.seq_len, LLAMA_VOCAB)["train"] * trained_tokens
         assert row.train_flops == pytest.approx(cost) and row.seq_len == cfg.data.seq_len
     recall = plan[plan["sweep"] == "recall"].iloc[0]  # MQAR: its own token range, not Llama's
     cfg = compose("train", recall.overrides)
     model = OmegaConf.to_container(cfg.model, resolve=True)
-    cost = flops_per_token(model, cfg.data.seq_len, cfg.data.vocab_size)["train"] * cfg.recipe.total_tokens
+    trained_tokens = cfg.trainer.max_steps * cfg.recipe.tokens_per_batch
+    cost = flops_per_token(model, cfg.data.seq_len, cfg.data.vocab_size)["train"] * trained_tokens
     assert recall.train_flops == pytest.approx(cost)
     images = plan[plan["sweep"].str.startswith("mttt")]
     assert (images["train_flops"] > 0).all() and images["images"].notna().all()
