@@ -359,10 +359,12 @@ def test_a_committed_registry_counts_its_finished_runs_on_a_fresh_machine(tmp_pa
 
 
 def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and_state_sizes():
+    """A profile with several lrs (paper) plans its calibration grid first; one with one lr (cpu) plans the
+    whole grid at that lr."""
     recall = EXPERIMENTS["recall"]
-    p = recall.sweep["profiles"]["cpu"]
+    p = recall.sweep["profiles"]["paper"]
     methods = p.get("methods", list(recall.sweep["methods"]))
-    calibration = recall.plan("cpu")
+    calibration = recall.plan("paper")
     assert len(calibration) == len(methods) * len(p["lrs"])  # one seed, the calibration point only
     assert {r.seed for r in calibration.values()} == {0}
     assert ({(r.info["width"], r.info["pairs"]) for r in calibration.values()}
@@ -372,10 +374,16 @@ def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and
                          for r in calibration.values()])
     lrs = best_lrs(fake)
     assert lrs == {m: p["lrs"][-1] for m in methods}
-    grid = recall.plan("cpu", lrs=lrs | {"mamba": p["lrs"][0]})
+    grid = recall.plan("paper", lrs=lrs | {"mamba": p["lrs"][0]})
     assert len(grid) == len(methods) * len(p["widths"]) * len(p["pairs"]) * p["seeds"]
     mamba = [r for r in grid.values() if r.info["method"] == "mamba"]
     assert all(f"size.lr={p['lrs'][0]:g}" in r.overrides for r in mamba)
+
+    p = recall.sweep["profiles"]["cpu"]
+    assert len(p["lrs"]) == 1 and not recall.calibrates("cpu")
+    grid = recall.plan("cpu")
+    assert len(grid) == len(p["methods"]) * len(p["widths"]) * len(p["pairs"]) * p["seeds"]
+    assert all(f"size.lr={p['lrs'][0]:g}" in r.overrides for r in grid.values())
     tf = next(r for r in grid.values() if r.info["method"] == "transformer" and r.info["width"] == 64)
     assert tf.info["state_floats"] == 2 * 2 * p["seq_len"] * 64  # two layers of a K and V cache
     b = {r.info["method"]: r.info["b"] for r in grid.values()}  # T/b >= 8 for TTT; b = 16 its own row
