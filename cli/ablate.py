@@ -51,7 +51,7 @@ def run(args: list[str]) -> None:
         overrides.append(f"budget_scale={a.scale:g}")
     experiment = EXPERIMENTS[a.sweep]
     if a.plan:
-        print_plan(experiment, a.profile, a.data_dir, overrides)
+        print_plan(experiment, a.profile, a.data_dir, overrides, launcher)
         return
     folder = f"{a.sweep}-{a.profile}" + (f"-x{a.scale:g}" if a.scale != 1 else "")
     out = a.out or runs_root() / "sweeps" / folder
@@ -85,10 +85,12 @@ def print_results(experiment, out: Path) -> None:
     print()
 
 
-def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[str] = ()) -> None:
+def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[str] = (),
+               launcher: list[str] = ()) -> None:
     """Every stage's runs (with the user's training `overrides`) as they will run, with their budget, FLOPs
-    and estimated time: minutes on the reference CPU, or A100-hours for GPU runs (the paper profile)."""
-    from ttt_bench.experiments.engine.cost import A100_BF16_FLOPS, ASSUMED_MFU, CPU_TRAIN_FLOPS, run_cost
+    and estimated time: minutes on the reference CPU as measured there (engine.cost.Throughput), or
+    A100-hours for GPU runs (the paper profile)."""
+    from ttt_bench.experiments.engine.cost import A100_BF16_FLOPS, ASSUMED_MFU, Throughput, run_cost
     from ttt_bench.experiments.engine.plan import composed
 
     stages = experiment.stages(profile, data_dir, overrides)
@@ -98,6 +100,7 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
         print("# data: the embedded synthetic corpus (no --data-dir), whatever the run names say; pass "
               "--data-dir for the real corpora (e.g. ../shared/data)")
     minutes = gpu_hours = flops = 0.0
+    measured, sources = Throughput.committed(), set()
     for folder, runs in stages:
         if len(stages) > 1:
             print(f"# {folder}: {len(runs)} runs")
@@ -110,8 +113,10 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
                 gpu_hours += cost.gpu_hours
                 when = f"~{cost.gpu_hours:.3g} A100-hours"
             else:
-                minutes += cost.cpu_minutes
-                when = f"~{cost.cpu_minutes:.1f} min"
+                run_minutes, source = measured.minutes(run.overrides, cfg.model.name, cost.train_flops)
+                minutes += run_minutes
+                sources.add("measured" if source == "measured" else "rate")
+                when = f"~{run_minutes:.1f} min, {source}"
             print(f"{name} [{cost.budget:.3g} {'images' if cost.tokens != cost.tokens else 'tokens'}, "
                   f"{cost.train_flops:.2g} FLOPs, {when}]: {' '.join(run.overrides)}")
     print(f"# {flops:.3g} training FLOPs in all")
@@ -119,5 +124,10 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
         print(f"# GPU runs: ~{gpu_hours:,.0f} A100-hours at {ASSUMED_MFU:.0%} MFU of its "
               f"{A100_BF16_FLOPS / 1e12:.0f} bf16 TFLOP/s (an H100's bf16 peak is about 3x an A100's)")
     if minutes:
-        print(f"# CPU runs: ~{minutes:.0f} min at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s, the small models' "
-              "training rate on a 2-core CPU (flops.py's count)")
+        jobs = next((int(n) for o in launcher if o.startswith("hydra.launcher.n_jobs=")
+                     and (n := o.split("=", 1)[1]).isdigit()), 1)
+        how = " and ".join(sorted({"measured": "runs' measured times", "rate": "models' measured FLOP/s"}[k]
+                                  for k in sources))
+        print(f"# CPU runs: ~{minutes:.0f} run-minutes on the 2-core reference CPU (from the committed "
+              f"registries' {how}, two runs at once), so ~{minutes / max(jobs, 1):.0f} min with {jobs} "
+              f"job{'s' if jobs > 1 else ''} (hydra.launcher.n_jobs)")

@@ -545,3 +545,37 @@ def test_a_model_larger_than_the_machine_is_refused_before_it_is_built(capsys, t
 def test_optimizer_values_torch_refuses_name_the_config_key(capsys, tmp_path):
     err = cli_error(capsys, tmp_path, "train", *TINY, "recipe.optimizer.betas=[0.9,1.5]")
     assert "recipe.optimizer (betas=[0.9, 1.5]" in err and "Invalid beta parameter" in err
+
+
+def test_a_damaged_run_file_is_a_one_line_error_naming_the_file_and_line(capsys, tmp_path):
+    """The files a run folder holds are checked as the plots and a resume read them: a row that is not a
+    number, a repeated step, an edited header."""
+    from types import SimpleNamespace
+
+    from ttt_bench.training.callbacks import LossLog
+
+    main(["train", *TINY, "model=ttt_linear", f"paths.runs={tmp_path / 'trained'}"])
+    (run,) = {p.parent for p in (tmp_path / "trained").rglob("losses.csv")}
+    cases = [  # file, how it is damaged, the plot that reads it, what the error says
+        ("losses.csv", lambda t: t.replace("\n2,", "\nx,"), "curves",
+         "losses.csv, line 3: step is 'x', not a number; restore it"),
+        ("losses.csv", lambda t: t + t.splitlines()[-1] + "\n", "curves", "has step 2 twice (lines 3 and 4)"),
+        ("token_index.csv", lambda t: t.replace("token_index,", "position,", 1), "token-index",
+         "token_index.csv has no column token_index (was its header edited?)"),
+        ("inner_losses.csv", lambda t: t[:t.rindex(",")] + ",oops\n", "inner-loss", "now is 'oops'"),
+    ]
+    for name, damage, figure, message in cases:
+        folder = tmp_path / f"{figure}-{message[:12]}"
+        folder.mkdir()
+        for f in run.iterdir():
+            if f.is_file():
+                (folder / f.name).write_bytes(f.read_bytes())
+        (folder / name).write_text(damage((run / name).read_text()))
+        err = cli_error(capsys, tmp_path, "plot", figure, str(folder), "--out", str(tmp_path / "fig"))
+        assert str(folder / name) in err and message in err, err
+    # a resume reads losses.csv to drop the rows after its checkpoint
+    (folder := tmp_path / "resume").mkdir()
+    (folder / "losses.csv").write_text("step,loss\n1,0.5\n2,0.4,\n")
+    with pytest.raises(UserError, match="losses.csv is not a readable CSV"):
+        trainer = SimpleNamespace(global_step=1, is_global_zero=True)
+        LossLog(folder / "losses.csv").on_train_start(trainer, None)

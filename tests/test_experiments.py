@@ -2,7 +2,9 @@
 
 import copy
 import json
+import re
 import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -475,6 +477,37 @@ def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsy
     assert "CPU runs" not in out
     main(["ablate", "minibatch", "--profile", "smoke", "--plan"])
     assert "# CPU runs: ~" in capsys.readouterr().out
+
+
+def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_path, capsys):
+    """Issue 35, point 7: a planned run that a committed registry holds (the same overrides) is priced at its
+    measured time; another at its model's measured FLOP/s (its runs' FLOPs over their seconds); a model no
+    registry holds at CPU_TRAIN_FLOPS. The plan's total divides the run-minutes by the launcher's jobs."""
+    from ttt_bench.cli.main import main
+
+    from ttt_bench.experiments.engine.cost import CPU_TRAIN_FLOPS, Throughput
+
+    (tmp_path / "a").mkdir()
+    pd.DataFrame({"run": ["r1", "r2", "r3"], "status": ["finished", "finished", "failed"],
+                  "model": ["ttt_linear", "ttt_linear", "mamba"], "overrides": ["x=1 seed=0", "x=2", "y"],
+                  "train_flops": [6e12, 2e12, 1e12], "wall_time_s": [300.0, 100.0, 1.0]}
+                 ).to_csv(tmp_path / "a" / "registry.csv", index=False)
+    t = Throughput.committed(tmp_path)
+    assert t.minutes(["x=1", "seed=0"], "ttt_linear", 1.0) == (5.0, "measured")
+    rate = 8e12 / 400  # ttt_linear: both finished runs, FLOPs over seconds
+    priced = t.minutes(["x=3"], "ttt_linear", 2e13)
+    assert priced == (pytest.approx(2e13 / rate / 60), "ttt_linear at 20 GFLOP/s")
+    minutes, source = t.minutes(["y"], "mamba", 9e11)  # its only run failed: no rate measured
+    assert minutes == pytest.approx(9e11 / CPU_TRAIN_FLOPS / 60) and source.startswith("at ")
+
+    main(["ablate", "table1", "--profile", "cpu", "--data-dir", "../shared/data", "--plan",
+          "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
+    out = capsys.readouterr().out
+    committed = pd.read_csv(Path(__file__).parents[1] / "results" / "cpu" / "table1" / "registry.csv")
+    assert out.count(", measured]") == len(committed)  # the committed step's own runs, at their times
+    total = re.search(r"# CPU runs: ~(\d+) run-minutes .*, so ~(\d+) min with 2 jobs", out)
+    assert total and abs(int(total[1]) - committed["wall_time_s"].sum() / 60) <= 1
+    assert abs(int(total[2]) - int(total[1]) / 2) <= 1
 
 
 def test_the_progress_line_counts_runs_other_processes_are_training(tmp_path, caplog):

@@ -1,4 +1,5 @@
-"""Crash-safe file writes: write a temporary file in the same folder, then rename over the target."""
+"""Crash-safe file writes (write a temporary file in the same folder, then rename over the target), and
+CSV reads checked at the boundary (one line naming the file and line)."""
 
 import contextlib
 import errno
@@ -7,6 +8,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+import pandas as pd
+
+from .errors import UserError
 
 
 @contextlib.contextmanager
@@ -60,3 +65,30 @@ def write_failed(e: BaseException, path: str | Path) -> OSError:
     reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
     return OSError(errno.ENOSPC if full else errno.EIO,
                    os.strerror(errno.ENOSPC) if full else f"write failed ({reason[:200]})", str(path))
+
+
+def read_table(path: str | Path, required: tuple = (), numeric: tuple = (), unique: str | None = None,
+               fix: str = "restore it, or delete it and run the command that wrote it again") -> pd.DataFrame:
+    """A CSV that ttt-bench wrote, checked as it is read: it parses, has the `required` columns, the `numeric`
+    columns present hold numbers (nan allowed: a skipped step's loss) and come back as numbers, and no value
+    of `unique` repeats. Anything else is a one-line UserError naming the file, its line and `fix`."""
+    path = Path(path)
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path} is not a readable CSV ({reason}); {fix}") from None
+    if missing := [c for c in required if c not in df]:
+        raise UserError(f"{path} has no column {', '.join(missing)} (was its header edited?); {fix}")
+    for col in (c for c in numeric if c in df and not pd.api.types.is_numeric_dtype(df[c])):
+        values = pd.to_numeric(df[col], errors="coerce")
+        if (bad := df[col].notna() & values.isna()).any():
+            i = bad.idxmax()  # file lines: the header is line 1
+            raise UserError(f"{path}, line {int(i) + 2}: {col} is {df.at[i, col]!r}, not a number; {fix}")
+        df[col] = values
+    if unique is not None and unique in df and (twice := df[unique][df[unique].duplicated()]).size:
+        value = twice.iloc[0]
+        lines = [int(i) + 2 for i in df.index[df[unique] == value]]
+        shown = f"{value:g}" if isinstance(value, float) else value
+        raise UserError(f"{path} has {unique} {shown} twice (lines {lines[0]} and {lines[1]}); {fix}")
+    return df

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..training.runs import find_runs, loss_curves, read_run
+from ..training.runs import find_runs, loss_curves, read_run, token_index_losses
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand
 
@@ -62,7 +62,7 @@ def plot_token_index_of_runs(inputs: list[Path], stem: Path, window: int = 8) ->
     for run in run_folders(inputs):
         if not (run / "token_index.csv").is_file():
             continue
-        df = pd.read_csv(run / "token_index.csv")
+        df = token_index_losses(run)
         loss = df.set_index("token_index")["loss"].rolling(window, min_periods=1).mean()
         ax.plot(loss.index, np.exp(loss), lw=1.5, label=read_run(run).label)
         drawn += 1

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..bench.models import summary as models_summary
+from ..io import read_table
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand, Section, read_csv
 from .engine.report import Step
@@ -59,7 +60,9 @@ def latency_figure(bench: pd.DataFrame):
 
 
 def plot_latency(inputs: list[Path], stem: Path) -> list[Path]:
-    return P.save(latency_figure(pd.concat([pd.read_csv(f) for f in inputs], ignore_index=True)), stem)
+    tables = [read_table(f, required=("phase", "context", "latency_ms_per_token"),
+                         fix="pass a CSV that `ttt-bench bench models --out` wrote") for f in inputs]
+    return P.save(latency_figure(pd.concat(tables, ignore_index=True)), stem)
 
 
 def prefill_faster_from_8k(r) -> Verdict:

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..io import write_atomic
+from ..io import read_table, write_atomic
 from ..models.ttt.dual_scan import BATCH_GD_CHUNK, ttt_linear_batch_gd, ttt_linear_dual
 from ..training.checkpoint import load_checkpoint
 from ..training.evaluate import inner_losses as measure_inner_losses
@@ -241,7 +241,8 @@ def plot_inner_loss(inputs: list[Path], stem: Path) -> list[Path]:
         src = Path(src) / "inner_losses.csv"
         if not src.is_file():
             raise ValueError(f"no inner_losses.csv in {src.parent} (runs with TTT layers write one)")
-    df = pd.read_csv(src)
+    df = read_table(src, numeric=("position", "step", "w0", "prev", "now", "inner_loss"),
+                    fix="pass the inner_losses.csv a run wrote, or a reproduce step's inner_loss.csv")
     if "position" in df:
         b = str(df["mini_batch"].iloc[0]) if "mini_batch" in df else None
         return P.save(inner_loss_figure(df, mini_batch=b), stem)

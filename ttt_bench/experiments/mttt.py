@@ -18,7 +18,7 @@ import torch
 from hydra.utils import instantiate
 from matplotlib.ticker import MaxNLocator
 
-from ..io import write_atomic
+from ..io import read_table, write_atomic
 from .engine import plotting as P
 from .engine.experiment import Experiment, Section, read_csv
 from .engine.plan import Run, composed, configuration
@@ -96,7 +96,8 @@ def run_inner_losses(r) -> pd.DataFrame | None:
     path = Path(str(getattr(r, "run_dir", ""))) / "inner_losses.csv"
     if not path.is_file():
         return None
-    f = pd.read_csv(path)
+    f = read_table(path, required=("split", "layer", "step", "inner_loss"),
+                   numeric=("layer", "step", "inner_loss"), fix="restore it, or train the run again")
     return f[f["split"] == "val"].drop(columns="split").assign(config=r.config, seed=r.seed)
 
 

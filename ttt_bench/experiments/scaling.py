@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..flops import match_flops
 from ..io import write_atomic
+from ..training.runs import token_index_losses
 from . import units
 from .curves import plot_token_index_of_runs
 from .engine import plotting as P
@@ -273,8 +274,8 @@ def token_index_runs(reg: pd.DataFrame) -> pd.DataFrame:
 
 def read_token_index(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     """The token-index losses (run, token_index, loss) of the runs whose folders are under sweep_dir."""
-    parts = [pd.read_csv(p).assign(run=run) for run in runs["run"]
-             if (p := Path(sweep_dir) / run / "token_index.csv").is_file()]
+    parts = [token_index_losses(folder).assign(run=run) for run in runs["run"]
+             if ((folder := Path(sweep_dir) / run) / "token_index.csv").is_file()]
     if not parts:
         return pd.DataFrame(columns=["run", "token_index", "loss"])
     return pd.concat(parts, ignore_index=True)

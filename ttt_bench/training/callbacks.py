@@ -16,7 +16,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from ..errors import Interrupted, UserError
-from ..io import atomic_file, write_atomic
+from ..io import atomic_file, read_table, write_atomic
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -115,8 +115,12 @@ class LossLog(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.step, self.total = trainer.global_step, None
         if trainer.is_global_zero:
-            rows = self.path.read_text().splitlines()[1:] if self.path.is_file() else []
-            kept = [r for r in rows if int(r.split(",")[0]) <= self.step]
+            rows = []
+            if self.path.is_file():  # checked first: a damaged row is a one-line error, not a traceback
+                read_table(self.path, required=("step", "loss"), numeric=("step", "loss"),
+                           fix="restore it, or move it away to start the log again")
+                rows = self.path.read_text().splitlines()[1:]
+            kept = [r for r in rows if r.strip() and int(float(r.split(",")[0])) <= self.step]
             write_atomic(self.path, "\n".join(["step,loss", *kept]) + "\n")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:

@@ -11,7 +11,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import UserError
+from ..io import read_table
 from .run_folder import in_use
+
+# A run folder's own file that is damaged: what to do about it.
+RUN_FILE_FIX = "restore it, or train the run again into a new folder"
 
 
 @dataclass
@@ -105,16 +109,24 @@ def list_runs(root: Path) -> pd.DataFrame:
     return pd.DataFrame(records, columns=list(RunRecord.__dataclass_fields__))
 
 
+def token_index_losses(run_dir: Path) -> pd.DataFrame:
+    """A run's validation loss by token index (token_index, loss), from its token_index.csv, checked."""
+    return read_table(Path(run_dir) / "token_index.csv", required=("token_index", "loss"),
+                      numeric=("token_index", "loss"), unique="token_index", fix=RUN_FILE_FIX)
+
+
 def loss_curves(run_dir: Path) -> pd.DataFrame:
     """A run's losses: rows (split, step, tokens, loss), training from losses.csv, validation from
     metrics.csv; tokens = step x the run's tokens (or images) a step."""
     run_dir = Path(run_dir)
     if not (run_dir / "losses.csv").is_file():
         raise UserError(f"{run_dir} has no losses.csv; pass the folder of a run `ttt-bench train` wrote")
-    train = pd.read_csv(run_dir / "losses.csv").assign(split="train")
+    train = read_table(run_dir / "losses.csv", required=("step", "loss"), numeric=("step", "loss"),
+                       unique="step", fix=RUN_FILE_FIX).assign(split="train")
     frames = [train[["split", "step", "loss"]]]
     if (run_dir / "metrics.csv").is_file():
-        logged = pd.read_csv(run_dir / "metrics.csv")
+        logged = read_table(run_dir / "metrics.csv", required=("step",), numeric=("step", "val/loss"),
+                            fix=RUN_FILE_FIX)
         if "val/loss" in logged:
             val = logged.dropna(subset=["val/loss"])
             # Lightning logs the validation after step k with step k - 1

@@ -1,6 +1,7 @@
-"""What a planned run costs, from its composed config alone (nothing is trained or read): its token or image
-budget and training FLOPs, and the minutes that take on the 2-core reference CPU or the GPU-hours on an
-A100. One estimator for `ablate --plan`, the reproduce plan and the paper profile's GPU budget.
+"""What a planned run costs, from its composed config alone (nothing is trained): its token or image budget
+and training FLOPs, the GPU-hours they take on an A100, and the minutes they take on the 2-core reference CPU
+as measured there (`Throughput`: the committed cpu registries). One estimator for `ablate --plan`, the
+reproduce plan and the paper profile's GPU budget.
 
 Language models: flops.py's analytic count per token over the token budget. Image models (MTTT):
 FlopCounterMode over one image, forward and backward (vision/flops.py), over the recipe's images.
@@ -8,16 +9,20 @@ FlopCounterMode over one image, forward and backward (vision/flops.py), over the
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from ...config import task_name
 from ...flops import flops_per_token
+from ...io import read_table
 from ...vision.flops import count_flops
 
-# Training FLOP/s of the small CPU models on the 2-core reference machine (a Transformer at size=xs: ~30
-# GFLOP/s by flops.py's count, `ttt-bench bench models`)
-CPU_TRAIN_FLOPS = 30e9
+# Training FLOP/s a run of a model no committed registry measured is priced at: about the median of the
+# measured runs, two at once on the 2-core reference machine (results/cpu/*/registry.csv: 9-40 GFLOP/s).
+CPU_TRAIN_FLOPS = 15e9
+RESULTS_CPU = Path(__file__).resolve().parents[3] / "results" / "cpu"
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4
 LLAMA_VOCAB = 32000  # the paper's tokenizer (data.tokenizer.name of the paper profile)
 
@@ -34,10 +39,6 @@ class Cost:
     def budget(self) -> float:
         """What the run trains on: tokens, or images."""
         return self.images if self.tokens != self.tokens else self.tokens
-
-    @property
-    def cpu_minutes(self) -> float:
-        return self.train_flops / CPU_TRAIN_FLOPS / 60
 
     @property
     def gpu_hours(self) -> float:
@@ -80,3 +81,35 @@ def run_cost(cfg) -> Cost:
         _per_unit[key] = flops_per_token(model, seq_len, vocab)["train"]
     tokenizer = cfg.data.tokenizer.get("name") if "tokenizer" in cfg.data else None
     return Cost(tokens, float("nan"), _per_unit[key] * tokens, seq_len, tokenizer)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """The reference CPU's measured training speed, from the committed cpu registries: every finished run's
+    seconds by its overrides, and each model's FLOP/s (its runs' FLOPs over their seconds), all measured two
+    runs at once (`JOBS=2`, one thread each) on the 2-core machine of results/cpu/RUN.md."""
+
+    seconds: dict[str, float]  # a run's overrides (space-joined, as registries hold them) -> seconds
+    rates: dict[str, float]  # model name -> FLOP/s
+
+    @classmethod
+    def committed(cls, folder: Path = RESULTS_CPU) -> "Throughput":
+        runs = [read_table(path, numeric=("train_flops", "wall_time_s"))
+                for path in sorted(folder.glob("*/registry.csv"))]
+        runs = [r for r in runs if {"status", "train_flops", "wall_time_s", "model", "overrides"} <= set(r)]
+        if not runs:
+            return cls({}, {})
+        df = pd.concat(runs, ignore_index=True)
+        df = df[(df["status"] == "finished") & (df["wall_time_s"] > 0) & (df["train_flops"] > 0)]
+        by_model = df.groupby("model")[["train_flops", "wall_time_s"]].sum()
+        return cls(dict(zip(df["overrides"], df["wall_time_s"], strict=True)),
+                   (by_model["train_flops"] / by_model["wall_time_s"]).to_dict())
+
+    def minutes(self, overrides: list[str], model: str, train_flops: float) -> tuple[float, str]:
+        """A run's minutes on the reference CPU (two at once) and where the number comes from: the same run's
+        measured time, else its FLOPs at its model's measured rate, else at CPU_TRAIN_FLOPS."""
+        if (seconds := self.seconds.get(" ".join(overrides))) is not None:
+            return seconds / 60, "measured"
+        rate = self.rates.get(model)
+        return (train_flops / (rate or CPU_TRAIN_FLOPS) / 60,
+                f"{model} at {rate / 1e9:.0f} GFLOP/s" if rate else f"at {CPU_TRAIN_FLOPS / 1e9:.0f} GFLOP/s")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...errors import UserError
-from ...io import write_atomic, write_json
+from ...io import read_table, write_atomic, write_json
 from .plan import Run
 
 NUMERIC = ("val_ppl", "val_accuracy", "test_accuracy", "forward_flops_per_image", "non_embedding_params",
@@ -91,12 +91,7 @@ def load_csv(path: Path) -> pd.DataFrame:
     columns `run` and `status`, each run once, and the measurements of finished runs numbers, or a one-line
     error naming the file, the row and what to do."""
     path = Path(path)
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path} is not a readable CSV ({reason}); restore it from git or delete it and run "
-                        "the sweep again") from None
+    df = read_table(path, fix="restore it from git or delete it and run the sweep again")
     if path.name in ("registry.csv", "calibration.csv"):
         check_registry(df, path)
     return df
