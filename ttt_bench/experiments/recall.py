@@ -137,7 +137,7 @@ def recall_figure(reg: pd.DataFrame):
             P.errorbar(ax, g["pairs"], g["accuracy"], g["accuracy_std"], label)
         ticks = sorted(agg["pairs"].unique())
         ax.plot(ticks, [elimination(int(n)) for n in ticks], color=P.FLOOR_COLOUR, ls="--", lw=1.1,
-                label="elimination baseline")
+                marker="_", markersize=24, label="elimination baseline")  # a mark where one pairs value
         if vocab:
             ax.axhline(chance(vocab), color=P.FLOOR_COLOUR, ls=":", lw=1.1, label="chance")
         ax.set(
@@ -147,7 +147,9 @@ def recall_figure(reg: pd.DataFrame):
             ylim=(-0.02, 1.02),
             title=f"width {width}",
         )
-        P.finish_log_axis(ax, "x", ticks=sorted(agg["pairs"].unique()))
+        if len(ticks) == 1:  # one number of pairs: centre it
+            ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+        P.finish_log_axis(ax, "x", ticks=ticks)
     frontier = axes[-1]
     for (label, pairs), g in agg.groupby(["label", "pairs"], sort=False):
         g = g.sort_values("state_floats")
