@@ -510,6 +510,25 @@ def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_p
     assert abs(int(total[2]) - int(total[1]) / 2) <= 1
 
 
+def test_the_eta_credits_the_steps_of_a_run_another_process_is_training(tmp_path, caplog):
+    """With JOBS=2 one run is always partly trained while the other begins: its logged steps count as work
+    done in the elapsed time (issue 35, point 6: the ETA ran 25-35% high at the halfway point)."""
+    import time
+
+    from ttt_bench.training.run_folder import locked
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    flops = {str(a): 1e12, str(b): 3e12}
+    progress = Progress(tmp_path / "progress.json", flops=flops, start=time.time() - 60)
+    with locked(a):
+        write_json(a / "identity.json", {"config": {"trainer": {"max_steps": 10}}})
+        (a / "losses.csv").write_text("step,loss\n" + "".join(f"{i},1.0\n" for i in range(1, 6)))
+        with caplog.at_level("INFO", logger=runner.log.name):
+            progress.begin("b")
+    # half of a (0.5e12 FLOPs) took the minute, so the 3.5e12 left take 7 minutes
+    assert "run 2/2 (b): elapsed 1.0 min, ETA 7 min" in caplog.text
+
+
 def test_the_progress_line_counts_runs_other_processes_are_training(tmp_path, caplog):
     """With JOBS=2 two workers start together: a run another process holds counts as started, so the second
     says run 2/N, not run 1/N again (issue 35, point 6)."""

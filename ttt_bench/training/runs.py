@@ -70,6 +70,14 @@ def _last_logged_step(run_dir: Path) -> int | None:
         return None
 
 
+def fraction_trained(run_dir: Path) -> float:
+    """How far a run in progress has trained: its last logged step over its max_steps (0 when unknown)."""
+    run_dir = Path(run_dir)
+    total = _json(run_dir / "identity.json").get("config", {}).get("trainer", {}).get("max_steps")
+    step = _last_logged_step(run_dir)
+    return min(step / total, 1.0) if step and isinstance(total, int) and total > 0 else 0.0
+
+
 def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
     run_dir = Path(run_dir)
     metrics, config = _json(run_dir / "metrics.json"), _json(run_dir / "identity.json").get("config", {})

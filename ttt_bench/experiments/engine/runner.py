@@ -23,6 +23,7 @@ from ...config import CONFIG_MODULE
 from ...errors import Interrupted
 from ...io import write_atomic, write_json
 from ...training.run_folder import RunFolderInUse, in_use
+from ...training.runs import fraction_trained
 from ...training.train import train
 from .cost import run_cost
 from .floors import text_floors
@@ -45,7 +46,8 @@ class Progress:
     trains the pipeline's runs (Hydra's joblib workers, a second `make reproduce`) reports the same line; the
     run folders say which runs have finished. The ETA scales the time spent so far by the planned training
     FLOPs still to train (cost.py's estimate: one unit for language and image runs alike), or by the runs
-    left where no FLOPs are known."""
+    left where no FLOPs are known. A run another process is training counts with the share of its steps it
+    has logged: with `JOBS=2` one run is always partly done, and its time is in the elapsed time."""
 
     def __init__(self, path: Path, flops: dict | None = None, finished_before: list | None = None,
                  start: float | None = None):
@@ -78,8 +80,11 @@ class Progress:
     def begin(self, name: str) -> None:
         done = {d for d in self.flops if run_finished(d)}
         mine = done - self.finished_before  # finished in this session: they measure the speed
-        trained = sum(self.flops[d] for d in mine)
-        left = sum(f for d, f in self.flops.items() if d not in done)
+        # other processes' runs in progress count as started: two workers starting together say k and k+1
+        running = [d for d in self.flops if d not in done and Path(d).is_dir() and in_use(d)]
+        partly = sum(self.flops[d] * fraction_trained(d) for d in running)
+        trained = sum(self.flops[d] for d in mine) + partly
+        left = sum(f for d, f in self.flops.items() if d not in done) - partly
         elapsed = time.time() - self.start
         if trained > 0 and all(self.flops[d] > 0 for d in self.flops if d not in done):
             eta = f"ETA {elapsed / trained * left / 60:.0f} min"
@@ -87,9 +92,7 @@ class Progress:
             eta = f"ETA {elapsed / len(mine) * (len(self.flops) - len(done)) / 60:.0f} min (by run count)"
         else:
             eta = "ETA after a run"
-        # other processes' runs in progress count as started: two workers starting together say k and k+1
-        running = sum(1 for d in self.flops if d not in done and Path(d).is_dir() and in_use(d))
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + running + 1, len(self.flops), name,
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + len(running) + 1, len(self.flops), name,
                  elapsed / 60, eta)
 
 
