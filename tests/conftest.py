@@ -1,7 +1,6 @@
 """Shared fixtures. Real corpora are found through one setting: TTT_BENCH_DATA_DIR (default
 ../shared/data beside the repository); tests that need them skip with a reason when absent."""
 
-import ttt_bench  # noqa: F401, I001  (first: it sets OMP_WAIT_POLICY before torch loads OpenMP)
 import os
 from pathlib import Path
 

@@ -5,6 +5,7 @@ CPU (Triton's interpreter, TRITON_INTERPRET=1 from conftest.py); the real check 
 one."""
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -111,8 +112,12 @@ def test_doctor_reports_the_machine_and_each_models_kernel_path(capsys, monkeypa
     out = capsys.readouterr().out
     lines = {line.split(":")[0].strip(): line for line in out.splitlines()}
     assert lines["torch"].startswith(f"torch: {torch.__version__}")
-    for key in ("CUDA", "bf16", "Triton", "mamba-ssm", "causal-conv1d"):
+    for key in ("CPU load", "CUDA", "bf16", "Triton", "mamba-ssm", "causal-conv1d"):
         assert key in lines, out
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.0, 1.0))  # another job holds the cores
+    main(["doctor"])
+    assert "(busy: beside other jobs, `export OMP_WAIT_POLICY=PASSIVE`" in capsys.readouterr().out
     assert f"{tmp_path} [pile-mini]" in out
     paths = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert set(paths) == {"transformer", "ttt_linear", "ttt_mlp", "ttt_kernel", "mamba", "linear_attention"}

@@ -84,12 +84,25 @@ def kernel_paths(device: torch.device) -> dict[str, str]:
     }
 
 
+def cpu_load() -> str:
+    """The machine's load against its cores, and what to do when other work holds them: torch's idle OpenMP
+    threads spin by default, which costs 2-4x beside another job and saves 1.1-2.6x on a quiet machine
+    (docs/speed.md, "A shared CPU")."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    line = f"CPU load: {load:.2f} over the last minute on {cores} cores; OMP_WAIT_POLICY={policy or 'unset'}"
+    if load >= 1 and not policy:
+        line += (" (busy: beside other jobs, `export OMP_WAIT_POLICY=PASSIVE` made multi-threaded small "
+                 "models 2-4x faster; docs/speed.md)")
+    return line
+
+
 def report() -> list[str]:
     """The lines `ttt-bench doctor` prints."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     lines = [f"torch: {torch.__version__} (CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-             f"{torch.get_num_threads()} threads)"]
+             f"{torch.get_num_threads()} threads)", cpu_load()]
     if cuda:
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         lines.append(f"CUDA: {torch.version.cuda}, {torch.cuda.device_count()} GPU(s): {names}")
