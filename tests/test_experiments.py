@@ -479,28 +479,32 @@ def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsy
     assert "# CPU runs: ~" in capsys.readouterr().out
 
 
-def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_path, capsys):
+def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_path, capsys, shared_data):
     """Issue 35, point 7: a planned run that a committed registry holds (the same overrides) is priced at its
     measured time; another at its model's measured FLOP/s (its runs' FLOPs over their seconds); a model no
-    registry holds at CPU_TRAIN_FLOPS. The plan's total divides the run-minutes by the launcher's jobs."""
+    registry holds at CPU_TRAIN_FLOPS. The plan's total divides the run-minutes by the launcher's jobs. Where
+    the data lives (`paths.*`) is no part of a run's identity: the committed runs hold this machine's path,
+    and a clone elsewhere (CI) must still find them."""
     from ttt_bench.cli.main import main
 
     from ttt_bench.experiments.engine.cost import CPU_TRAIN_FLOPS, Throughput
 
     (tmp_path / "a").mkdir()
     pd.DataFrame({"run": ["r1", "r2", "r3"], "status": ["finished", "finished", "failed"],
-                  "model": ["ttt_linear", "ttt_linear", "mamba"], "overrides": ["x=1 seed=0", "x=2", "y"],
+                  "model": ["ttt_linear", "ttt_linear", "mamba"],
+                  "overrides": ["x=1 paths.data_dir=/a seed=0", "x=2", "y"],
                   "train_flops": [6e12, 2e12, 1e12], "wall_time_s": [300.0, 100.0, 1.0]}
                  ).to_csv(tmp_path / "a" / "registry.csv", index=False)
     t = Throughput.committed(tmp_path)
-    assert t.minutes(["x=1", "seed=0"], "ttt_linear", 1.0) == (5.0, "measured")
+    assert t.minutes(["x=1", "paths.data_dir=/b", "seed=0"], "ttt_linear", 1.0) == (5.0, "measured")
     rate = 8e12 / 400  # ttt_linear: both finished runs, FLOPs over seconds
     priced = t.minutes(["x=3"], "ttt_linear", 2e13)
     assert priced == (pytest.approx(2e13 / rate / 60), "ttt_linear at 20 GFLOP/s")
     minutes, source = t.minutes(["y"], "mamba", 9e11)  # its only run failed: no rate measured
     assert minutes == pytest.approx(9e11 / CPU_TRAIN_FLOPS / 60) and source.startswith("at ")
 
-    main(["ablate", "table1", "--profile", "cpu", "--data-dir", "../shared/data", "--plan",
+    (tmp_path / "elsewhere").symlink_to(shared_data.resolve())  # the data where another machine has it
+    main(["ablate", "table1", "--profile", "cpu", "--data-dir", str(tmp_path / "elsewhere"), "--plan",
           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
     out = capsys.readouterr().out
     committed = pd.read_csv(Path(__file__).parents[1] / "results" / "cpu" / "table1" / "registry.csv")
