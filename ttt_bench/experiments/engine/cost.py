@@ -18,6 +18,7 @@ from ...config import task_name
 from ...flops import flops_per_token
 from ...io import read_table
 from ...vision.flops import count_flops
+from .plan import identity
 
 # Training FLOP/s a run of a model no committed registry measured is priced at: about the median of the
 # measured runs, two at once on the 2-core reference machine (results/cpu/*/registry.csv: 9-40 GFLOP/s).
@@ -89,14 +90,8 @@ class Throughput:
     seconds by its overrides, and each model's FLOP/s (its runs' FLOPs over their seconds), all measured two
     runs at once (`JOBS=2`, one thread each) on the 2-core machine of results/cpu/RUN.md."""
 
-    seconds: dict[str, float]  # a run's overrides, less where its files live (`_identity`) -> seconds
+    seconds: dict[str, float]  # a run's identity (plan.identity, space-joined) -> seconds
     rates: dict[str, float]  # model name -> FLOP/s
-
-    @staticmethod
-    def _identity(overrides: list[str]) -> str:
-        """A run as registries name it, less `paths.*`: where the data lives (an absolute path that differs
-        from machine to machine) does not change what a run trains or how long it takes."""
-        return " ".join(o for o in overrides if not o.startswith("paths."))
 
     @classmethod
     def committed(cls, folder: Path = RESULTS_CPU) -> "Throughput":
@@ -108,13 +103,14 @@ class Throughput:
         df = pd.concat(runs, ignore_index=True)
         df = df[(df["status"] == "finished") & (df["wall_time_s"] > 0) & (df["train_flops"] > 0)]
         by_model = df.groupby("model")[["train_flops", "wall_time_s"]].sum()
-        return cls(dict(zip(df["overrides"].str.split().map(cls._identity), df["wall_time_s"], strict=True)),
+        names = df["overrides"].map(lambda o: " ".join(identity(o)))
+        return cls(dict(zip(names, df["wall_time_s"], strict=True)),
                    (by_model["train_flops"] / by_model["wall_time_s"]).to_dict())
 
     def minutes(self, overrides: list[str], model: str, train_flops: float) -> tuple[float, str]:
         """A run's minutes on the reference CPU (two at once) and where the number comes from: the same run's
         measured time, else its FLOPs at its model's measured rate, else at CPU_TRAIN_FLOPS."""
-        if (seconds := self.seconds.get(self._identity(overrides))) is not None:
+        if (seconds := self.seconds.get(" ".join(identity(overrides)))) is not None:
             return seconds / 60, "measured"
         rate = self.rates.get(model)
         return (train_flops / (rate or CPU_TRAIN_FLOPS) / 60,

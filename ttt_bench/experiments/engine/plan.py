@@ -98,6 +98,13 @@ def check_profile(profile: str) -> None:
         raise UserError(f"unknown profile '{profile}'; use one of {', '.join(PROFILES)}")
 
 
+def identity(overrides: str | list[str]) -> list[str]:
+    """What makes two runs the same run across machines: the overrides (a list, or space-joined as
+    registries hold them) without paths, which differ from machine to machine."""
+    items = overrides.split() if isinstance(overrides, str) else overrides
+    return [o for o in items if not o.startswith(("paths.", "recipe.init_from="))]
+
+
 def data_overrides(role: str, data_dir: str | None) -> list[str]:
     """Pile-like or Books-like data: the real corpora under `data_dir`, else the embedded synthetic corpus."""
     if data_dir is None:

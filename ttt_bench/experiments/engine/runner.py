@@ -27,7 +27,7 @@ from ...training.runs import fraction_trained
 from ...training.train import train
 from .cost import run_cost
 from .floors import text_floors
-from .plan import Run, composed
+from .plan import Run, composed, identity
 from .registry import (
     failure_line,
     read_plan,
@@ -96,12 +96,6 @@ class Progress:
                  elapsed / 60, eta)
 
 
-def _identity(overrides) -> list[str]:
-    """What makes two runs the same run across machines: the overrides without paths."""
-    items = overrides.split() if isinstance(overrides, str) else overrides
-    return [o for o in items if not o.startswith(("paths.", "recipe.init_from="))]
-
-
 def stale(run_dir: Path, run: Run) -> bool:
     """Whether the run folder holds a run made with other settings than `run` (its run.json), finished or
     not: a sweep folder never mixes settings."""
@@ -109,7 +103,7 @@ def stale(run_dir: Path, run: Run) -> bool:
         recorded = json.loads((Path(run_dir) / "run.json").read_text())["overrides"]
     except (OSError, ValueError, KeyError):
         return False
-    return _identity(recorded) != _identity(run.overrides)
+    return identity(recorded) != identity(run.overrides)
 
 
 # Lightning's per-run banners ("Seed set to 0", "GPU available: False", "`Trainer.fit` stopped"), a third of a
@@ -269,7 +263,7 @@ def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:
         name = row["run"]
         if name not in runs or name in parents or run_finished(out / name):
             continue
-        if _identity(row["overrides"]) != _identity(runs[name].overrides):
+        if identity(row["overrides"]) != identity(runs[name].overrides):
             continue
         plan_keys = set(runs[name].columns()) | {"run", "sweep", "profile", "after", "overrides",
                                                   "total_train_flops"}
