@@ -516,7 +516,9 @@ def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_p
 
 def test_the_eta_credits_the_steps_of_a_run_another_process_is_training(tmp_path, caplog):
     """With JOBS=2 one run is always partly trained while the other begins: its logged steps count as work
-    done in the elapsed time (issue 35, point 6: the ETA ran 25-35% high at the halfway point)."""
+    done in the elapsed time (issue 35, point 6: the ETA ran 25-35% high at the halfway point). A run
+    restored from a committed registry counts as done but not as work (it said "ETA 0 min" after table1's
+    restored runs)."""
     import time
 
     from ttt_bench.training.run_folder import locked
@@ -531,6 +533,14 @@ def test_the_eta_credits_the_steps_of_a_run_another_process_is_training(tmp_path
             progress.begin("b")
     # half of a (0.5e12 FLOPs) took the minute, so the 3.5e12 left take 7 minutes
     assert "run 2/2 (b): elapsed 1.0 min, ETA 7 min" in caplog.text
+    # a run restored from a committed registry is done, but took none of the elapsed time
+    (restored := tmp_path / "restored").mkdir()
+    write_json(restored / "metrics.json", {"status": "finished", "restored_from": "results/x/registry.csv"})
+    caplog.clear()
+    with locked(a), caplog.at_level("INFO", logger=runner.log.name):
+        flops[str(restored)] = 9e12
+        Progress(tmp_path / "progress.json", flops=flops, start=time.time() - 60).begin("b")
+    assert "run 3/3 (b): elapsed 1.0 min, ETA 7 min" in caplog.text
 
 
 def test_the_progress_line_counts_runs_other_processes_are_training(tmp_path, caplog):

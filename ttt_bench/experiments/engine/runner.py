@@ -30,6 +30,7 @@ from .floors import text_floors
 from .plan import Run, composed, identity
 from .registry import (
     failure_line,
+    read_metrics,
     read_plan,
     record_failure,
     run_finished,
@@ -47,7 +48,8 @@ class Progress:
     run folders say which runs have finished. The ETA scales the time spent so far by the planned training
     FLOPs still to train (cost.py's estimate: one unit for language and image runs alike), or by the runs
     left where no FLOPs are known. A run another process is training counts with the share of its steps it
-    has logged: with `JOBS=2` one run is always partly done, and its time is in the elapsed time."""
+    has logged: with `JOBS=2` one run is always partly done, and its time is in the elapsed time. Runs
+    restored from a committed registry took no time here, so they measure nothing."""
 
     def __init__(self, path: Path, flops: dict | None = None, finished_before: list | None = None,
                  start: float | None = None):
@@ -79,7 +81,8 @@ class Progress:
 
     def begin(self, name: str) -> None:
         done = {d for d in self.flops if run_finished(d)}
-        mine = done - self.finished_before  # finished in this session: they measure the speed
+        # finished in this session: they measure the speed (not those restored from a committed registry)
+        mine = {d for d in done - self.finished_before if "restored_from" not in (read_metrics(d) or {})}
         # other processes' runs in progress count as started: two workers starting together say k and k+1
         running = [d for d in self.flops if d not in done and Path(d).is_dir() and in_use(d)]
         partly = sum(self.flops[d] * fraction_trained(d) for d in running)
