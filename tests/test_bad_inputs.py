@@ -2,6 +2,7 @@
 half-written output folder. Run through the CLI in-process."""
 
 import gzip
+import io
 import json
 import os
 from pathlib import Path
@@ -579,3 +580,22 @@ def test_a_damaged_run_file_is_a_one_line_error_naming_the_file_and_line(capsys,
     with pytest.raises(UserError, match="losses.csv is not a readable CSV"):
         trainer = SimpleNamespace(global_step=1, is_global_zero=True)
         LossLog(folder / "losses.csv").on_train_start(trainer, None)
+    # `ttt-bench runs` lists many runs: a damaged one shows what is wrong and where as its status, and the
+    # listing goes on (a stopped run's step comes from losses.csv, a finished run's numbers from metrics.json)
+    listing = tmp_path / "listing"
+    bad_losses = "step,loss\n1,0.5\nx,0.4\n"
+    for name, damage in (("stopped", lambda f: f.with_name("losses.csv").write_text(bad_losses)),
+                         ("finished", lambda f: f.write_text('{"val_ppl": 3.')), ("fine", lambda f: None)):
+        (listing / name).mkdir(parents=True)
+        for f in run.iterdir():
+            if f.is_file():
+                (listing / name / f.name).write_bytes(f.read_bytes())
+        damage(listing / name / "metrics.json")
+        if name == "stopped":
+            (listing / name / "metrics.json").unlink()
+    main(["runs", str(listing), "--csv"])
+    table = pd.read_csv(io.StringIO(capsys.readouterr().out)).set_index("run")
+    assert table.at["fine", "status"] == "finished"
+    assert table.at["stopped", "status"].startswith("unreadable: ") and "losses.csv, line 3: step is 'x'" in \
+        table.at["stopped", "status"]
+    assert "metrics.json is not readable JSON" in table.at["finished", "status"]

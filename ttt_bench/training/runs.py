@@ -50,10 +50,24 @@ def find_runs(root: Path) -> list[Path]:
 
 
 def _json(path: Path) -> dict:
+    """A run file as far as it can be read (another process may be writing it): {} if not."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _checked_json(path: Path) -> dict:
+    """A run file that is finished being written: {} if absent, a one-line UserError if it does not parse."""
+    if not path.is_file():
+        return {}
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} is not readable JSON ({str(e).splitlines()[0]}); {RUN_FILE_FIX}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} holds a {type(obj).__name__}, not an object; {RUN_FILE_FIX}")
+    return obj
 
 
 def _saved_step(run_dir: Path) -> int | None:
@@ -63,6 +77,7 @@ def _saved_step(run_dir: Path) -> int | None:
 
 
 def _last_logged_step(run_dir: Path) -> int | None:
+    """The last step in losses.csv, as far as it can be read while another process appends to it."""
     try:
         rows = (run_dir / "losses.csv").read_text().strip().splitlines()[1:]
         return int(rows[-1].split(",")[0]) if rows else None
@@ -79,8 +94,20 @@ def fraction_trained(run_dir: Path) -> float:
 
 
 def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
+    """A run's record. A damaged file of a run not in use shows as its status, "unreadable: <what and where>",
+    never as a wrong number: a listing of many runs goes on past one damaged run."""
     run_dir = Path(run_dir)
-    metrics, config = _json(run_dir / "metrics.json"), _json(run_dir / "identity.json").get("config", {})
+    name = str(run_dir.relative_to(root)) if root and run_dir != Path(root) else run_dir.name
+    try:
+        return _read_run(run_dir, name)
+    except UserError as e:
+        return RunRecord(run=name, model="?", size="?", data="?", context=None, status=f"unreadable: {e}",
+                         steps=None, tokens=None, val=None, val_metric="val_ppl", tokens_per_s=None)
+
+
+def _read_run(run_dir: Path, name: str) -> RunRecord:
+    metrics = _checked_json(run_dir / "metrics.json")
+    config = _checked_json(run_dir / "identity.json").get("config", {})
     image = metrics.get("task") == "image" or config.get("task") == "image"
     max_steps = config.get("trainer", {}).get("max_steps")
     status = metrics.get("status", "finished" if "val_loss" in metrics or "val_accuracy" in metrics else None)
@@ -91,7 +118,11 @@ def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
         if in_use(run_dir):
             status = "running"
         else:
-            logged = _last_logged_step(run_dir)
+            logged = None
+            if (run_dir / "losses.csv").is_file():
+                losses = read_table(run_dir / "losses.csv", required=("step", "loss"),
+                                    numeric=("step", "loss"), fix=RUN_FILE_FIX)
+                logged = int(losses["step"].iloc[-1]) if len(losses) else None
             status = f"stopped at step {logged if logged is not None else 0} of {max_steps}"
             saved = _saved_step(run_dir)
             status += f" (resumes from step {saved})" if saved else " (no checkpoint: starts again)"
@@ -104,8 +135,7 @@ def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
     data = metrics.get("data") or config.get("data", {}).get("name", "?")
     number = lambda v: None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
     return RunRecord(
-        run=str(run_dir.relative_to(root)) if root and run_dir != Path(root) else run_dir.name,
-        model=model, size=size, data=data, context=context, status=status, steps=steps,
+        run=name, model=model, size=size, data=data, context=context, status=status, steps=steps,
         tokens=metrics.get("tokens_seen"), val=number(val), val_metric="val_acc" if image else "val_ppl",
         tokens_per_s=number(metrics.get("steady_tokens_per_s") or metrics.get("tokens_per_s")))
 
