@@ -92,6 +92,7 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
     A100-hours for GPU runs (the paper profile)."""
     from ttt_bench.experiments.engine.cost import A100_BF16_FLOPS, ASSUMED_MFU, Throughput, run_cost
     from ttt_bench.experiments.engine.plan import composed
+    from ttt_bench.experiments.engine.runner import launcher_jobs
 
     stages = experiment.stages(profile, data_dir, overrides)
     synthetic = any(o in ("data=synthetic", "data=synthetic_images") for _, runs in stages
@@ -124,8 +125,7 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
         print(f"# GPU runs: ~{gpu_hours:,.0f} A100-hours at {ASSUMED_MFU:.0%} MFU of its "
               f"{A100_BF16_FLOPS / 1e12:.0f} bf16 TFLOP/s (an H100's bf16 peak is about 3x an A100's)")
     if minutes:
-        jobs = next((int(n) for o in launcher if o.startswith("hydra.launcher.n_jobs=")
-                     and (n := o.split("=", 1)[1]).isdigit()), 1)
+        jobs = launcher_jobs(launcher)
         how = " and ".join(sorted({"measured": "runs' measured times", "rate": "models' measured FLOP/s"}[k]
                                   for k in sources))
         print(f"# CPU runs: ~{minutes:.0f} run-minutes on the 2-core reference CPU (from the committed "

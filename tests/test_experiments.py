@@ -333,14 +333,19 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
             for i, c in enumerate(CLAIMS)
         ]
     ).to_csv(out / "claims.csv", index=False)
+    (out / "recall").mkdir()  # a step the profile leaves out, run by itself (conf/sweep/recall.yaml)
+    (out / "recall" / "step.json").write_text((out / "table1" / "step.json").read_text())
     (out / "RUN.md").write_text("how the run went\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\nrest\n")
-    update_readme(readme, out, list(EXPERIMENTS.values()), "make reproduce PROFILE=cpu", README_HEADLINE)
+    update_readme(readme, out, list(EXPERIMENTS.values()), "make reproduce PROFILE=cpu", "cpu",
+                  README_HEADLINE)
     text = readme.read_text()
     assert "stale" not in text and text.startswith("intro") and text.endswith("rest\n")
     assert f"| {CLAIMS[0].figure}: {CLAIMS[0].claim} | **holds** | x 1 vs 2 |" in text
     assert "`minibatch`: not run yet" in text and "| A | 9.00 |" in text and "Not measured yet" in text
+    assert "`longrange`: not in this profile (REPORT.md says why)" in text  # conf/sweep/longrange.yaml
+    assert "finished now; not a default step of this profile (REPORT.md says why)" in text
     assert "[results/cpu/RUN.md](results/cpu/RUN.md)" in text
 
 
@@ -416,8 +421,8 @@ def test_the_pipeline_progress_line_is_shared_by_every_process_through_its_file(
     Progress(tmp_path / "progress.json").plan(runs, tmp_path)
     write_json(tmp_path / "b" / "metrics.json", {"status": "finished"})  # another worker's, just now
     with caplog.at_level("INFO", logger=runner.log.name):
-        Progress.load(tmp_path / "progress.json").begin("c")
-    assert "run 3/3 (c)" in caplog.text and "ETA 0 min" in caplog.text
+        Progress.load(tmp_path / "progress.json").begin(tmp_path / "c")
+    assert "run 3/3 (c)" in caplog.text and "ETA 0.0 min (by run count)" in caplog.text
 
 
 def test_a_run_waits_while_another_process_trains_the_run_it_starts_from(tmp_path, monkeypatch):
@@ -514,42 +519,49 @@ def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_p
     assert abs(int(total[2]) - int(total[1]) / 2) <= 1
 
 
-def test_the_eta_credits_the_steps_of_a_run_another_process_is_training(tmp_path, caplog):
-    """With JOBS=2 one run is always partly trained while the other begins: its logged steps count as work
-    done in the elapsed time (issue 35, point 6: the ETA ran 25-35% high at the halfway point). A run
-    restored from a committed registry counts as done but not as work (it said "ETA 0 min" after table1's
-    restored runs)."""
+def test_the_eta_prices_what_is_left_at_this_sessions_speed_plus_each_runs_fixed_cost(tmp_path, caplog):
+    """Issue 35, point 6: the runs finished in this session give the speed (their FLOPs over their training
+    seconds) and the fixed cost a run (the worker time not spent training, per run started); a run another
+    process is training counts with the share of its steps it has logged; a run restored from a committed
+    registry counts as done but took none of the time (it said "ETA 0 min" after table1's restored runs).
+    Training seconds alone made the quick profile's ETA 30-45% short at the halfway point."""
     import time
 
     from ttt_bench.training.run_folder import locked
 
-    a, b = tmp_path / "a", tmp_path / "b"
-    flops = {str(a): 1e12, str(b): 3e12}
-    progress = Progress(tmp_path / "progress.json", flops=flops, start=time.time() - 60)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    flops = {str(a): 1e12, str(b): 3e12, str(c): 1e12}
+    progress = Progress(tmp_path / "progress.json", flops=flops, start=time.time() - 60, jobs=2)
+    progress.begin(c)
+    write_json(c / "metrics.json", {"status": "finished", "wall_time_s": 50.0})  # 2e10 FLOP/s
+    progress.begin(a)
     with locked(a):
         write_json(a / "identity.json", {"config": {"trainer": {"max_steps": 10}}})
         (a / "losses.csv").write_text("step,loss\n" + "".join(f"{i},1.0\n" for i in range(1, 6)))
         with caplog.at_level("INFO", logger=runner.log.name):
-            progress.begin("b")
-    # half of a (0.5e12 FLOPs) took the minute, so the 3.5e12 left take 7 minutes
-    assert "run 2/2 (b): elapsed 1.0 min, ETA 7 min" in caplog.text
-    # a run restored from a committed registry is done, but took none of the elapsed time
+            progress.begin(b)
+    # 2 workers x 60 s = 120 s: 50 trained c, 25 half of a, so 45 s of fixed cost over 2 runs started; left:
+    # half of a (25 s) and b (150 s + 22.5 s fixed) = 197.5 s, over 2 workers 98.75 s
+    assert "run 3/3 (b): elapsed 1.0 min, ETA 1.6 min" in caplog.text
     (restored := tmp_path / "restored").mkdir()
     write_json(restored / "metrics.json", {"status": "finished", "restored_from": "results/x/registry.csv"})
     caplog.clear()
+    flops[str(restored)] = 9e12
     with locked(a), caplog.at_level("INFO", logger=runner.log.name):
-        flops[str(restored)] = 9e12
-        Progress(tmp_path / "progress.json", flops=flops, start=time.time() - 60).begin("b")
-    assert "run 3/3 (b): elapsed 1.0 min, ETA 7 min" in caplog.text
+        Progress(tmp_path / "progress.json", flops=flops, start=time.time() - 60, jobs=2).begin(b)
+    assert "run 4/4 (b): elapsed 1.0 min, ETA 1.6 min" in caplog.text
 
 
-def test_the_progress_line_counts_runs_other_processes_are_training(tmp_path, caplog):
-    """With JOBS=2 two workers start together: a run another process holds counts as started, so the second
-    says run 2/N, not run 1/N again (issue 35, point 6)."""
-    from ttt_bench.training.run_folder import locked
-
+def test_two_workers_that_start_together_take_consecutive_numbers(tmp_path, caplog):
+    """With JOBS=2 two workers begin at once: each takes its number under a lock on the progress file, so
+    they say run 1/N and run 2/N, never the same k twice; a run begun again keeps its number (issue 35,
+    point 6: one line per event whatever JOBS is)."""
     runs = {n: configuration(n, [*TINY, "model=transformer"], "Transformer") for n in ("a", "b", "c")}
     Progress(tmp_path / "progress.json").plan(runs, tmp_path)
-    with locked(tmp_path / "a"), caplog.at_level("INFO", logger=runner.log.name):
-        Progress.load(tmp_path / "progress.json").begin("b")
-    assert "run 2/3 (b)" in caplog.text
+    with caplog.at_level("INFO", logger=runner.log.name):
+        first, second = Progress.load(tmp_path / "progress.json"), Progress.load(tmp_path / "progress.json")
+        first.begin(tmp_path / "a")
+        second.begin(tmp_path / "b")
+        first.begin(tmp_path / "a")
+    lines = [r.getMessage().split(":")[0] for r in caplog.records]
+    assert lines == ["run 1/3 (a)", "run 2/3 (b)", "run 1/3 (a)"]

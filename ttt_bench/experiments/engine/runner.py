@@ -8,6 +8,7 @@ they depend on has finished. A committed registry of an earlier session counts i
 (`restore`): a new machine re-tabulates what it cannot retrain.
 """
 
+import fcntl
 import json
 import logging
 import shlex
@@ -41,22 +42,39 @@ from .registry import (
 log = logging.getLogger("ttt_bench.experiments")
 
 
+def launcher_jobs(launcher: list[str]) -> int:
+    """How many runs a sweep's launcher trains at once: `hydra.launcher.n_jobs=N`, else 1."""
+    return next((int(n) for o in launcher if o.startswith("hydra.launcher.n_jobs=")
+                 and (n := o.split("=", 1)[1]).isdigit()), 1)
+
+
 class Progress:
     """The whole pipeline's progress line, "run k/N, elapsed, ETA": `make reproduce` plans it over every
     sweep; a sweep run alone counts its own runs. It lives in a file (`path`), so that every process that
     trains the pipeline's runs (Hydra's joblib workers, a second `make reproduce`) reports the same line; the
-    run folders say which runs have finished. The ETA scales the time spent so far by the planned training
-    FLOPs still to train (cost.py's estimate: one unit for language and image runs alike), or by the runs
-    left where no FLOPs are known. A run another process is training counts with the share of its steps it
-    has logged: with `JOBS=2` one run is always partly done, and its time is in the elapsed time. Runs
-    restored from a committed registry took no time here, so they measure nothing."""
+    run folders say which runs have finished, and each run takes its number k under a lock on the file, so
+    two workers that start together say k and k + 1.
+
+    The ETA prices each run left as a fixed cost plus its planned training FLOPs (cost.py's estimate) at the
+    speed of this session's finished runs (their FLOPs over their own training seconds). The fixed cost is
+    the worker time not spent training, per run started: elapsed x jobs less the runs' training seconds,
+    which holds each run's start-up and evaluation and the pipeline's other phases (n-gram floors, tables,
+    figures, benchmarks). Training seconds alone made the quick profile's ETA 30-45% short at the halfway
+    point. A run another process is training counts with the share of its steps it has logged; runs
+    finished before the plan or restored from a committed registry took no time here and measure nothing."""
 
     def __init__(self, path: Path, flops: dict | None = None, finished_before: list | None = None,
-                 start: float | None = None):
+                 start: float | None = None, jobs: int = 1, started: list | None = None):
         self.path = Path(path)
         self.flops: dict[str, float] = flops or {}  # run folder -> planned training FLOPs (0: unknown)
         self.finished_before = set(finished_before or ())  # finished when planned: not this session's work
         self.start = start or time.time()
+        self.jobs = max(int(jobs), 1)  # runs trained at once
+        self.started: list[str] = list(started or ())  # run folders begun since the plan, in order
+
+    def _save(self) -> None:
+        write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
+                               "start": self.start, "jobs": self.jobs, "started": self.started})
 
     def plan(self, runs: dict[str, Run], out: Path) -> None:
         for name, run in runs.items():
@@ -69,8 +87,8 @@ class Progress:
                 self.flops[run_dir] = float(run_cost(composed(run.overrides)).train_flops)
             except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
                 self.flops[run_dir] = 0.0
-        write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
-                               "start": self.start})
+        self.started = []
+        self._save()
 
     @classmethod
     def load(cls, path: Path) -> "Progress":
@@ -79,24 +97,52 @@ class Progress:
         except (OSError, ValueError, TypeError):
             return cls(path)
 
-    def begin(self, name: str) -> None:
+    def _number(self, run_dir: str) -> int:
+        """k of "run k/N": the runs finished without being begun since the plan, then this run's place
+        among those begun (claimed in the file under an exclusive lock)."""
+        with open(self.path.with_name(self.path.name + ".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if self.path.is_file():
+                    self.started = Progress.load(self.path).started
+                if run_dir not in self.started:
+                    self.started.append(run_dir)
+                    self._save()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        begun = set(self.started)
+        done_unbegun = sum(1 for d in self.flops if d not in begun and run_finished(d))
+        return done_unbegun + self.started.index(run_dir) + 1
+
+    def eta(self) -> str:
         done = {d for d in self.flops if run_finished(d)}
-        # finished in this session: they measure the speed (not those restored from a committed registry)
-        mine = {d for d in done - self.finished_before if "restored_from" not in (read_metrics(d) or {})}
-        # other processes' runs in progress count as started: two workers starting together say k and k+1
-        running = [d for d in self.flops if d not in done and Path(d).is_dir() and in_use(d)]
-        partly = sum(self.flops[d] * fraction_trained(d) for d in running)
-        trained = sum(self.flops[d] for d in mine) + partly
-        left = sum(f for d, f in self.flops.items() if d not in done) - partly
+        metrics = {d: read_metrics(d) or {} for d in done - self.finished_before}
+        mine = {d: m for d, m in metrics.items() if "restored_from" not in m}  # finished by this session
+        running = {d: fraction_trained(d) for d in self.flops
+                   if d not in done and Path(d).is_dir() and in_use(d)}
+        todo = [d for d in self.flops if d not in done]
         elapsed = time.time() - self.start
-        if trained > 0 and all(self.flops[d] > 0 for d in self.flops if d not in done):
-            eta = f"ETA {elapsed / trained * left / 60:.0f} min"
-        elif mine:  # no FLOP estimate for some runs: the mean time of a run
-            eta = f"ETA {elapsed / len(mine) * (len(self.flops) - len(done)) / 60:.0f} min (by run count)"
-        else:
-            eta = "ETA after a run"
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", len(done) + len(running) + 1, len(self.flops), name,
-                 elapsed / 60, eta)
+        trained_s = sum(float(m.get("wall_time_s") or 0.0) for m in mine.values())
+        if not mine:
+            return "ETA after a run"
+        if trained_s <= 0 or any(self.flops[d] <= 0 for d in todo):  # no FLOP estimate: a run's mean time
+            return f"ETA {_minutes(elapsed / len(mine) * len(todo))} (by run count)"
+        rate = sum(self.flops[d] for d in mine) / trained_s  # FLOP/s of one worker
+        partly_s = sum(self.flops[d] * f for d, f in running.items()) / rate
+        fixed = max(elapsed * self.jobs - trained_s - partly_s, 0.0) / (len(mine) + len(running))
+        left = sum(self.flops[d] * (1 - running.get(d, 0.0)) / rate + (0.0 if d in running else fixed)
+                   for d in todo)
+        return f"ETA {_minutes(left / self.jobs)}"
+
+    def begin(self, run_dir: Path) -> None:
+        run_dir = str(run_dir)
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", self._number(run_dir), len(self.flops),
+                 Path(run_dir).name, (time.time() - self.start) / 60, self.eta())
+
+
+def _minutes(seconds: float) -> str:
+    minutes = seconds / 60
+    return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
 
 
 def stale(run_dir: Path, run: Run) -> bool:
@@ -110,9 +156,12 @@ def stale(run_dir: Path, run: Run) -> bool:
 
 
 # Lightning's per-run banners ("Seed set to 0", "GPU available: False", "`Trainer.fit` stopped"), a third of a
-# sweep's log: at debug level in sweeps, shown only where the logger is set to debug
+# sweep's log, and Hydra's launchers' listing of every job ("#12 : +sweep_plan=... +run=..."; the sweep's own
+# line says how many runs it trains, and each run's progress line names it): at debug level in sweeps,
+# shown only where the logger is set to debug
 BANNER_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed",
-                  "lightning.pytorch.accelerators.cuda")
+                  "lightning.pytorch.accelerators.cuda", "hydra_plugins.hydra_joblib_launcher._core",
+                  "hydra._internal.core_plugins.basic_launcher")
 
 
 def demote_to_debug(record: logging.LogRecord) -> bool:
@@ -141,7 +190,7 @@ def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
     command = "ttt-bench train " + " ".join(shlex.quote(o) for o in run.overrides)
     write_json(run_dir / "run.json", {"name": name, **run.to_json(), "command": command})
     quiet_banners()
-    progress.begin(name)
+    progress.begin(run_dir)
     try:
         try:  # composed by the planner in this process; a job in another process (SLURM) composes it
             cfg = composed(run.overrides)
@@ -178,6 +227,7 @@ def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
     ]
     saved = sys.argv
     sys.argv = ["ttt-bench ablate", *argv]  # hydra.main reads its command line from sys.argv
+    quiet_banners()
     try:
         hydra.main(config_path=CONFIG_MODULE, config_name="train", version_base="1.3")(_job)()
     finally:
@@ -225,7 +275,7 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
     if stage.committed is not None:
         restore(out, runs, stage.committed)
     if pipeline is None:
-        pipeline = Progress(out / "progress.json")
+        pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
         pipeline.plan(runs, out)
     for run in runs.values():  # TF finetune starts from the weights of the run it depends on
         if run.after is not None:
