@@ -40,20 +40,21 @@ def run(args: list[str]) -> None:
 
     import pandas as pd
 
-    from ttt_bench.bench.common import conditions, hardware, load_average
+    from ttt_bench.bench.common import busy_cores, conditions, hardware, load_average
     from ttt_bench.io import write_atomic
 
     a = parser().parse_args(args)
     check_options(a)
     suite = importlib.import_module(f"ttt_bench.bench.{a.suite}")
-    start, load = time.perf_counter(), load_average()
+    busy, load = busy_cores(), load_average()
+    start = time.perf_counter()
     try:
         df = suite.run(a)
     except ValueError as e:
         fail(str(e))
     wall = time.perf_counter() - start
     threads = getattr(a, "threads", None) or 1
-    cond = conditions(load, threads)
+    cond = conditions(busy, load, threads)
     df = df.assign(**cond)
 
     out = a.out or runs_root() / "bench" / f"{a.suite}.csv"
@@ -66,6 +67,7 @@ def run(args: list[str]) -> None:
     print(f"command: ttt-bench bench {' '.join(args)}")
     print(f"hardware: {hardware()}; wall time {wall:.0f} s")
     loaded = "; TAKEN UNDER LOAD: other work competed for the cores, the timings are not reliable"
-    print(f"conditions: load average {cond['load_before']} before, {cond['load_after']} after, {threads} "
-          f"threads{loaded if cond['under_load'] else ''}")
+    print(f"conditions: other work kept {cond['busy_cores_before']} cores busy just before; load average "
+          f"{cond['load_before']} before, {cond['load_after']} after; {threads} threads"
+          f"{loaded if cond['under_load'] else ''}")
     print(f"wrote {out}")

@@ -565,3 +565,24 @@ def test_two_workers_that_start_together_take_consecutive_numbers(tmp_path, capl
         first.begin(tmp_path / "a")
     lines = [r.getMessage().split(":")[0] for r in caplog.records]
     assert lines == ["run 1/3 (a)", "run 2/3 (b)", "run 1/3 (a)"]
+
+
+def test_a_step_the_profile_leaves_out_runs_only_when_named(tmp_path, monkeypatch, caplog):
+    """conf/sweep/*.yaml `left_out`: the profile's default steps skip the step (its claims "not tested",
+    with the reason); naming it in --steps runs it, with a warning that it is not a step of the profile."""
+    from ttt_bench import reproduce
+
+    ran = []
+    for e in EXPERIMENTS.values():
+        monkeypatch.setattr(e, "run_step", lambda ctx, name=e.name: ran.append(name))
+    monkeypatch.setattr(Progress, "plan", lambda self, runs, out: None)
+    monkeypatch.setattr(reproduce, "write_report", lambda *a: tmp_path / "REPORT.md")
+    left_out = [n for n, e in EXPERIMENTS.items() if e.left_out("cpu")]
+    assert {"longrange", "recall"} <= set(left_out)
+    args = ["--profile", "cpu", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+    reproduce.main(args)
+    assert ran and not set(ran) & set(left_out)
+    ran.clear()
+    with caplog.at_level("WARNING"):
+        reproduce.main([*args, "--steps", "recall"])
+    assert ran == ["recall"] and "recall is not a step of the cpu profile" in caplog.text

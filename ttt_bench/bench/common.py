@@ -34,17 +34,36 @@ def load_average() -> float:
         return float("nan")
 
 
-def under_load(load_before: float, threads: int) -> bool:
-    """Whether other work competed with a timing: the load average before it exceeded the cores the timing
-    leaves free (cores - threads) by more than half a core."""
-    return load_before > max(0, (os.cpu_count() or 1) - threads) + 0.5
+def busy_cores(seconds: float = 1.0) -> float:
+    """Cores other work keeps busy: the machine's CPU time used during `seconds` while this process sleeps
+    (Linux's /proc/stat); elsewhere the 1-minute load average. The load average lags: for about a minute
+    after a timing it still counts that timing's own threads, so in `make bench` every suite after the
+    first read as taken under load."""
+    def snapshot() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
+        return sum(ticks), ticks[3] + ticks[4]
+    try:
+        total, idle = snapshot()
+        time.sleep(seconds)
+        total2, idle2 = snapshot()
+    except (OSError, ValueError, IndexError):
+        return load_average()
+    return (os.cpu_count() or 1) * (1 - (idle2 - idle) / max(total2 - total, 1))
 
 
-def conditions(load_before: float, threads: int) -> dict:
-    """The conditions of a timing, as columns of its CSV: load average before and after, the threads used,
-    and whether it was taken under load."""
-    return {"load_before": round(load_before, 2), "load_after": round(load_average(), 2),
-            "threads_used": threads, "under_load": under_load(load_before, threads)}
+def under_load(busy_before: float, threads: int) -> bool:
+    """Whether other work competed with a timing: the cores busy just before it exceeded the cores the
+    timing leaves free (cores - threads) by more than half a core."""
+    return busy_before > max(0, (os.cpu_count() or 1) - threads) + 0.5
+
+
+def conditions(busy_before: float, load_before: float, threads: int) -> dict:
+    """The conditions of a timing, as columns of its CSV: the cores other work kept busy just before it,
+    the load average before and after, the threads used, and whether it was taken under load."""
+    return {"busy_cores_before": round(busy_before, 2), "load_before": round(load_before, 2),
+            "load_after": round(load_average(), 2), "threads_used": threads,
+            "under_load": under_load(busy_before, threads)}
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:

@@ -92,10 +92,13 @@ def mttt_table(reg: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
 def run_inner_losses(r) -> pd.DataFrame | None:
     """A finished run's validation inner losses (layer, step, inner_loss) with its config and seed, from its
-    inner_losses.csv; None when its folder is not on this machine."""
-    path = Path(str(getattr(r, "run_dir", ""))) / "inner_losses.csv"
-    if not path.is_file():
+    inner_losses.csv; none for a model without an inner loop (attention); None when its folder is not on
+    this machine."""
+    if not isinstance(getattr(r, "run_dir", None), str):
         return None
+    path = Path(r.run_dir) / "inner_losses.csv"
+    if not path.is_file():
+        return pd.DataFrame() if (Path(r.run_dir) / "metrics.json").is_file() else None
     f = read_table(path, required=("split", "layer", "step", "inner_loss"),
                    numeric=("layer", "step", "inner_loss"), fix="restore it, or train the run again")
     return f[f["split"] == "val"].drop(columns="split").assign(config=r.config, seed=r.seed)

@@ -194,10 +194,15 @@ def reported(experiments: list) -> list:
 def section(e, out: Path, verdicts: pd.DataFrame, make: str, profile: str) -> list[str]:
     s, meta_path = e.section, out / e.name / "step.json"
     parts = [f"## {s.title}\n\n**Paper.** {s.paper}\n"]
-    if why := e.left_out(profile):
-        return parts + [f"**Not in the {profile} profile.** {why}\n"]
-    if not meta_path.is_file():
+    if why := e.left_out(profile):  # its claims are not tested; a committed run of it is still shown
+        parts.append(f"**Not in the {profile} profile.** {why[:1].upper()}{why[1:].rstrip('.')}.\n")
+        if not meta_path.is_file():
+            return parts
+        make = f"not a default step of `{make}`; `{make} STEPS={e.name}` runs it"
+    elif not meta_path.is_file():
         return parts + [f"**Not run yet in this profile.** `{make} STEPS={e.name}` runs it.\n"]
+    else:
+        make = f"part of `{make}`"
     meta = json.loads(meta_path.read_text())
     if meta.get("error"):
         parts.append(f"**Failed:** {meta['error']}\n")
@@ -210,18 +215,18 @@ def section(e, out: Path, verdicts: pd.DataFrame, make: str, profile: str) -> li
     if (summary := e.summary(out / e.name)) is not None:
         parts.append(summary + "\n")
     for r in verdicts[verdicts["figure"].isin(s.claim_figures)].itertuples():
-        parts.append(f"- **{r.verdict}** — {r.claim} {r.evidence}.")
+        parts.append(f"- **{r.verdict}** — {r.claim} {r.evidence.rstrip('.')}.")
     trained = f"; its runs trained for {meta['trained_s'] / 60:.1f} min" if meta.get("trained_s") else ""
     wall = ("Tabulated with `--no-train` from runs trained by other processes"
             if meta.get("tabulated_only") else f"Wall time {meta['wall_time_s'] / 60:.1f} min")
     parts.append(
-        f"\n**Command.** `{meta['command']}` (part of `{make}`). Hardware: {meta['hardware']}. "
+        f"\n**Command.** `{meta['command']}` ({make}). Hardware: {meta['hardware']}. "
         f"{wall}{trained}; finished {meta['finished']}.\n"
     )
     return parts
 
 
-def update_readme(readme: Path, out: Path, experiments: list, make: str,
+def update_readme(readme: Path, out: Path, experiments: list, make: str, profile: str,
                   headline: tuple[str, str, str]) -> None:
     """The README's current results, made from the committed folder's step files and verdicts (the same
     claims.csv as REPORT.md), between the README_BLOCK markers. `headline`: (step, table file, caption) of
@@ -239,8 +244,10 @@ def update_readme(readme: Path, out: Path, experiments: list, make: str,
         "",
     ]
     for e in reported(experiments):
-        meta = out / e.name / "step.json"
-        if meta.is_file():
+        meta, left_out = out / e.name / "step.json", e.left_out(profile)
+        if left_out and not meta.is_file():
+            lines.append(f"- `{e.name}`: not in this profile (REPORT.md says why); its claims are not tested")
+        elif meta.is_file():
             m = json.loads(meta.read_text())
             trained = f" (its runs trained {m['trained_s'] / 60:.0f} min)" if m.get("trained_s") else ""
             minutes = f"{m['wall_time_s'] / 60:.0f} min"
@@ -248,6 +255,8 @@ def update_readme(readme: Path, out: Path, experiments: list, make: str,
             lines.append(
                 f"- `{e.name}`: `{m['command']}`, {wall}{trained} on {m['hardware']}, "
                 f"finished {m['finished']}"
+                + ("; not a default step of this profile (REPORT.md says why): its claims are not tested"
+                   if left_out else "")
             )
         else:
             lines.append(f"- `{e.name}`: not run yet (`{make} STEPS={e.name}`)")
