@@ -586,3 +586,17 @@ def test_a_step_the_profile_leaves_out_runs_only_when_named(tmp_path, monkeypatc
     with caplog.at_level("WARNING"):
         reproduce.main([*args, "--steps", "recall"])
     assert ran == ["recall"] and "recall is not a step of the cpu profile" in caplog.text
+
+
+def test_a_step_says_when_it_starts_with_its_own_estimate_and_when_it_ends(tmp_path, caplog):
+    """Issue 35, point 6: no silent phase (the latency benchmark and the long-range analysis were 3-4 min
+    without a line): a step logs its start, with the time it took when its folder was last written, and
+    its end."""
+    from ttt_bench.experiments.engine.report import Step
+
+    with caplog.at_level("INFO", logger=runner.log.name):
+        Step(tmp_path, "latency", "ttt-bench bench models").done()
+        Step(tmp_path, "latency", "ttt-bench bench models")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "step latency: started" and lines[1].startswith("step latency: done in ")
+    assert lines[2].startswith("step latency: started (it took 0.0 min when ") and "last written" in lines[2]

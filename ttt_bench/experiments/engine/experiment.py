@@ -111,6 +111,7 @@ class Experiment:
         step.csv("registry.csv", trained.registry)
         for name, df in trained.files.items():
             step.csv(name, df)
+        log.info("step %s: runs trained; measuring them and drawing the tables and figures", self.name)
         self.measure(step, trained, ctx)
         self.tabulate(step.dir)
         step.done(trained.registry, **trained.info)

@@ -33,6 +33,12 @@ class Step:
         self.dir, self.name, self.command, self.start = Path(out) / name, name, command, time.perf_counter()
         self.trains = trains  # False: tabulated (--no-train) from runs trained by other processes
         self.dir.mkdir(parents=True, exist_ok=True)
+        try:  # the step's own estimate: how long it took when its folder was last written
+            last = json.loads((self.dir / "step.json").read_text())["wall_time_s"] / 60
+            estimate = f" (it took {last:.1f} min when {self.dir} was last written)"
+        except (OSError, ValueError, KeyError, TypeError):
+            estimate = ""
+        log.info("step %s: started%s", name, estimate)
 
     def csv(self, name: str, df: pd.DataFrame) -> None:
         write_atomic(self.dir / name, df.to_csv(index=False))
@@ -70,6 +76,7 @@ class Step:
         """Write step.json; a step that only restored its runs keeps the committed one (the command, hardware
         and wall time of the session that trained them)."""
         meta = self.dir / "step.json"
+        log.info("step %s: done in %.1f min", self.name, (time.perf_counter() - self.start) / 60)
         if registry is not None and meta.is_file() and self.restored_only(registry) and not info.get("error"):
             log.info("%s: every run restored from the committed registry; step.json kept", self.name)
             return
