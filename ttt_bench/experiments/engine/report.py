@@ -270,7 +270,7 @@ def update_readme(readme: Path, out: Path, experiments: list, make: str, profile
     step, table, caption = headline
     if (out / step / table).is_file():
         lines += ["", caption, "", (out / step / table).read_text().strip()]
-    lines += ["", "| claim | verdict | evidence |", "|---|---|---|"]
+    lines += ["", status_counts(verdicts), "", "| claim | verdict | evidence |", "|---|---|---|"]
     lines += [
         f"| {r.figure}: {r.claim} | **{r.verdict}** | {r.evidence} |"
         for r in verdicts.itertuples()
