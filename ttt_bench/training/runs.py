@@ -49,25 +49,20 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(root).parts))
 
 
-def _json(path: Path) -> dict:
-    """A run file as far as it can be read (another process may be writing it): {} if not."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _checked_json(path: Path) -> dict:
-    """A run file that is finished being written: {} if absent, a one-line UserError if it does not parse."""
-    if not path.is_file():
-        return {}
+def _json(path: Path, checked: bool = False) -> dict:
+    """A run file's object, {} if absent. Unchecked (a file another process may be writing): {} also where it
+    does not parse. Checked (a run no process holds): a one-line UserError there."""
     try:
         obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
     except (OSError, ValueError) as e:
+        if not checked:
+            return {}
         raise UserError(f"{path} is not readable JSON ({str(e).splitlines()[0]}); {RUN_FILE_FIX}") from None
-    if not isinstance(obj, dict):
+    if checked and not isinstance(obj, dict):
         raise UserError(f"{path} holds a {type(obj).__name__}, not an object; {RUN_FILE_FIX}")
-    return obj
+    return obj if isinstance(obj, dict) else {}
 
 
 def _saved_step(run_dir: Path) -> int | None:
@@ -76,10 +71,17 @@ def _saved_step(run_dir: Path) -> int | None:
     return max(steps, default=None)
 
 
-def _last_logged_step(run_dir: Path) -> int | None:
-    """The last step in losses.csv, as far as it can be read while another process appends to it."""
+def _last_logged_step(run_dir: Path, checked: bool = False) -> int | None:
+    """The last step in losses.csv (None if it has none). Unchecked: as far as it can be read while another
+    process appends to it. Checked: read as the plots read it, a one-line UserError if damaged."""
+    path = run_dir / "losses.csv"
+    if checked:
+        if not path.is_file():
+            return None
+        losses = read_table(path, required=("step", "loss"), numeric=("step", "loss"), fix=RUN_FILE_FIX)
+        return int(losses["step"].iloc[-1]) if len(losses) else None
     try:
-        rows = (run_dir / "losses.csv").read_text().strip().splitlines()[1:]
+        rows = path.read_text().strip().splitlines()[1:]
         return int(rows[-1].split(",")[0]) if rows else None
     except (OSError, ValueError):
         return None
@@ -106,8 +108,8 @@ def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
 
 
 def _read_run(run_dir: Path, name: str) -> RunRecord:
-    metrics = _checked_json(run_dir / "metrics.json")
-    config = _checked_json(run_dir / "identity.json").get("config", {})
+    metrics = _json(run_dir / "metrics.json", checked=True)
+    config = _json(run_dir / "identity.json", checked=True).get("config", {})
     image = metrics.get("task") == "image" or config.get("task") == "image"
     max_steps = config.get("trainer", {}).get("max_steps")
     status = metrics.get("status", "finished" if "val_loss" in metrics or "val_accuracy" in metrics else None)
@@ -118,11 +120,7 @@ def _read_run(run_dir: Path, name: str) -> RunRecord:
         if in_use(run_dir):
             status = "running"
         else:
-            logged = None
-            if (run_dir / "losses.csv").is_file():
-                losses = read_table(run_dir / "losses.csv", required=("step", "loss"),
-                                    numeric=("step", "loss"), fix=RUN_FILE_FIX)
-                logged = int(losses["step"].iloc[-1]) if len(losses) else None
+            logged = _last_logged_step(run_dir, checked=True)
             status = f"stopped at step {logged if logged is not None else 0} of {max_steps}"
             saved = _saved_step(run_dir)
             status += f" (resumes from step {saved})" if saved else " (no checkpoint: starts again)"

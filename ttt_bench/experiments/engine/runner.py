@@ -97,7 +97,7 @@ class Progress:
         except (OSError, ValueError, TypeError):
             return cls(path)
 
-    def _number(self, run_dir: str) -> int:
+    def _number(self, run_dir: str, done: set[str]) -> int:
         """k of "run k/N": the runs finished without being begun since the plan, then this run's place
         among those begun (claimed in the file under an exclusive lock)."""
         with open(self.path.with_name(self.path.name + ".lock"), "a+") as lock:
@@ -110,12 +110,9 @@ class Progress:
                     self._save()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
-        begun = set(self.started)
-        done_unbegun = sum(1 for d in self.flops if d not in begun and run_finished(d))
-        return done_unbegun + self.started.index(run_dir) + 1
+        return len(done - set(self.started)) + self.started.index(run_dir) + 1
 
-    def eta(self) -> str:
-        done = {d for d in self.flops if run_finished(d)}
+    def eta(self, done: set[str]) -> str:
         metrics = {d: read_metrics(d) or {} for d in done - self.finished_before}
         mine = {d: m for d, m in metrics.items() if "restored_from" not in m}  # finished by this session
         running = {d: fraction_trained(d) for d in self.flops
@@ -135,9 +132,9 @@ class Progress:
         return f"ETA {_minutes(left / self.jobs)}"
 
     def begin(self, run_dir: Path) -> None:
-        run_dir = str(run_dir)
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", self._number(run_dir), len(self.flops),
-                 Path(run_dir).name, (time.time() - self.start) / 60, self.eta())
+        run_dir, done = str(run_dir), {d for d in self.flops if run_finished(d)}
+        log.info("run %d/%d (%s): elapsed %.1f min, %s", self._number(run_dir, done), len(self.flops),
+                 Path(run_dir).name, (time.time() - self.start) / 60, self.eta(done))
 
 
 def _minutes(seconds: float) -> str:
