@@ -163,6 +163,16 @@ def test_inner_loss_claims_by_position_range():
     assert verdict("fig17.growth", Results(inner_loss=flat)).status == INCONCLUSIVE
 
 
+def test_inner_losses_of_one_run_pair_by_seed():
+    """l(W_t) and l(W_t-1) are measured on the same run and tokens: a step gain that every seed shows holds,
+    although the seeds' levels differ far more than the gain (Welch would call it inconclusive)."""
+    rows = [{"seed": seed, "layer": 0, "position": t, "w0": 10.0 + 3 * seed, "prev": 9.0 + 3 * seed + 0.2,
+             "now": 9.0 + 3 * seed - 0.01 * t * (1 + 0.1 * seed)}
+            for seed in range(3) for t in range(64)]
+    v = verdict("fig17.step", Results(inner_loss=pd.DataFrame(rows)))
+    assert v.status == HOLDS and "paired by seed" in v.sentence
+
+
 def test_latency_and_missing_inputs():
     bench = pd.DataFrame(
         {

@@ -301,9 +301,11 @@ def dual_form_time(r) -> Verdict:
 
 
 def _quarters(df: pd.DataFrame) -> pd.DataFrame:
-    """Per seed and quarter of the positions: the mean inner losses."""
+    """Per seed and quarter of the positions: the mean inner losses (seed a column, so that the losses of one
+    run pair up by seed: they are measured on the same run and tokens)."""
     q = pd.qcut(df["position"], 4, labels=["1st", "2nd", "3rd", "4th"])
-    return df.assign(quarter=q).groupby(["seed", "quarter"], observed=True)[["w0", "prev", "now"]].mean()
+    means = df.assign(quarter=q).groupby(["seed", "quarter"], observed=True)[["w0", "prev", "now"]].mean()
+    return means.reset_index()
 
 
 def gd_step_lowers_loss(r) -> Verdict:
@@ -313,8 +315,8 @@ def gd_step_lowers_loss(r) -> Verdict:
     q = _quarters(inner)
     parts = [compare(g.assign(v=g["now"]), g.assign(v=g["prev"]), ("l(W_t; x_t)", "l(W_t-1; x_t)"), "<", None,
                      value="v")
-             for _, g in q.groupby(level="quarter", observed=True)]
-    return combine(parts, [f"{x} quarter of positions" for x in q.index.get_level_values("quarter").unique()])
+             for _, g in q.groupby("quarter", observed=True)]
+    return combine(parts, [f"{x} quarter of positions" for x in q["quarter"].unique()])
 
 
 def gap_grows_with_t(r) -> Verdict:
@@ -324,8 +326,8 @@ def gap_grows_with_t(r) -> Verdict:
     if inner is None or inner.empty:
         return Verdict(MISSING, "no inner losses")
     q = _quarters(inner)
-    gain = (1 - q["now"] / q["w0"]).unstack("quarter")
-    return compare(pd.DataFrame({"v": gain["4th"]}), pd.DataFrame({"v": gain["1st"]}),
+    gain = q.assign(v=1 - q["now"] / q["w0"])
+    return compare(gain[gain["quarter"] == "4th"], gain[gain["quarter"] == "1st"],
                    ("relative gain, last quarter", "first quarter"), ">", None, value="v")
 
 
