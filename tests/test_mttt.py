@@ -324,9 +324,9 @@ def test_mttt_sweeps_plan_and_compose(tmp_path):
     from ttt_bench.config import compose
     from ttt_bench.experiments import EXPERIMENTS
 
-    for sweep, rows in (("mttt_patches", 6), ("mttt_pixels", 6), ("mttt_ablation", 4)):
+    for sweep, rows, seeds in (("mttt_patches", 6, 5), ("mttt_pixels", 6, 3), ("mttt_ablation", 4, 5)):
         runs = EXPERIMENTS[sweep].plan("cpu", str(tmp_path))
-        assert len(runs) == 3 * rows and all("data=fashion_mnist" in r.overrides for r in runs.values())
+        assert len(runs) == seeds * rows and all("data=fashion_mnist" in r.overrides for r in runs.values())
         smoke = EXPERIMENTS[sweep].plan("smoke")
         for run in list(smoke.values())[:2]:
             cfg = compose("train", run.overrides)
@@ -394,6 +394,10 @@ def test_mttt_table_and_claims():
     assert "do not beat the linear classifier on the pixels (72.0%): under-trained" in \
         v.loc["mttt.mlp_beats_linear_attention", "evidence"]
     assert v.loc["mttt.more_steps", "verdict"] == "holds"  # both rows above the floor
+    frames = {**registries, ("mttt_pixels", "image_floors.csv"): linear.assign(test_acc=55.0)}
+    v = judge_all(claims, Results(frames=frames)).set_index("id")  # pixels' linear attention <= 55%
+    assert v.loc["mttt.pixels_gap", "verdict"] == "under-trained"  # the gap reads the pixel runs too
+    assert "do not beat the linear classifier on the pixels (55.0%)" in v.loc["mttt.pixels_gap", "evidence"]
 
 
 def test_image_floors_on_the_runs_own_split():

@@ -192,15 +192,26 @@ def accuracy_claim(sweep: str, a: str, b: str, expect: str, paper: str = "", pap
         margin = None if margin_points is None or reference.empty else margin_points / abs(reference.mean())
         v = compare(rows[rows["config"] == a], rows[rows["config"] == b], (label(a), label(b)), expect, None,
                     paper=paper, value="test_acc_pct", paper_effect=effect, margin=margin)
-        floor = linear_floor(r, sweep)
-        below = [] if floor is None else rows.loc[rows["test_acc_pct"] <= floor, "run"].tolist()
-        if below and v.status != MISSING:  # as the language models' bigram floor: under-trained runs
-            why = f"{len(below)} of the runs do not beat the linear classifier on the pixels ({floor:.1f}%)"
-            v = Verdict(UNDERTRAINED, f"{v.sentence}; {why}: under-trained",
-                        {**v.numbers, "undertrained": below})
-        return v
+        return undertrained_if_below(v, below_linear_floor(r, sweep, rows))
 
     return judge
+
+
+def below_linear_floor(r, sweep: str, rows: pd.DataFrame) -> dict[str, list[str]]:
+    """The runs among `rows` (of `sweep`) whose test accuracy does not beat the linear classifier on the
+    same pixels, keyed by that floor's text: as the language models' 3-gram floor, a verdict that reads one
+    is under-trained."""
+    floor = linear_floor(r, sweep)
+    below = [] if floor is None else rows.loc[rows["test_accuracy"] * 100 <= floor, "run"].tolist()
+    return {f"{LINEAR_FLOOR} ({floor:.1f}%)": below} if below else {}
+
+
+def undertrained_if_below(v: Verdict, below: dict[str, list[str]]) -> Verdict:
+    if not below or v.status == MISSING:
+        return v
+    why = "; ".join(f"{len(runs)} of the runs do not beat the {floor}" for floor, runs in below.items())
+    runs = [run for group in below.values() for run in group]
+    return Verdict(UNDERTRAINED, f"{v.sentence}; {why}: under-trained", {**v.numbers, "undertrained": runs})
 
 
 def gap_larger_on_pixels(paper: dict[str, float]):
@@ -208,7 +219,7 @@ def gap_larger_on_pixels(paper: dict[str, float]):
     the paper's gain per sweep."""
 
     def judge(r) -> Verdict:
-        gains = {}
+        gains, below = {}, {}
         for sweep in ("mttt_patches", "mttt_pixels"):
             df = finished_runs(r.csv(sweep))
             mlp = df[df["config"] == "mttt_mlp"].set_index("seed")["test_accuracy"]
@@ -217,6 +228,9 @@ def gap_larger_on_pixels(paper: dict[str, float]):
             if len(common) == 0:
                 return Verdict(MISSING, f"no finished MTTT-MLP and linear-attention pairs in {sweep}")
             gains[sweep] = (mlp[common] - la[common]) * 100
+            used = df[df["config"].isin(["mttt_mlp", "linear_attention"]) & df["seed"].isin(common)]
+            for floor, runs in below_linear_floor(r, sweep, used).items():
+                below.setdefault(floor, []).extend(runs)
         d = difference(gains["mttt_pixels"], gains["mttt_patches"])
         status = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE, None: INCONCLUSIVE}[d.sign()]
         sentence = (
@@ -224,7 +238,8 @@ def gap_larger_on_pixels(paper: dict[str, float]):
             f"{gains['mttt_patches'].mean():+.1f} points, difference {d.text()} (paper: "
             f"{paper['mttt_pixels']:+.1f} vs {paper['mttt_patches']:+.1f})"
         )
-        return Verdict(status, sentence, {k: v.tolist() for k, v in gains.items()})
+        v = Verdict(status, sentence, {k: v.tolist() for k, v in gains.items()})
+        return undertrained_if_below(v, below)
 
     return judge
 
