@@ -27,6 +27,7 @@ FILES = {  # what each made-up table stands for: a file of a step folder
     "scaling": ("scaling", "registry.csv"), "timing": ("minibatch", "timing.csv"),
     "inner_loss": ("minibatch", "inner_loss.csv"), "latency": ("latency", "latency.csv"),
     "recall": ("recall", "registry.csv"), "fact_recall": ("longrange", "fact_recall.csv"),
+    "token_index": ("scaling", "token_index.csv"),
 }
 
 
@@ -170,6 +171,24 @@ def test_inner_losses_of_one_run_pair_by_seed():
              "now": 9.0 + 3 * seed - 0.01 * t * (1 + 0.1 * seed)}
             for seed in range(3) for t in range(64)]
     v = verdict("fig17.step", Results(inner_loss=pd.DataFrame(rows)))
+    assert v.status == HOLDS and "paired by seed" in v.sentence
+
+
+def test_late_token_slopes_of_two_methods_pair_by_seed():
+    """Figure 14 at matched FLOPs: TTT-Linear (M) and Mamba ran the same seeds (the same data order), so their
+    late slopes pair up by seed; every seed's TTT curve falls faster late, while the seeds' own slopes
+    differ more than the gap."""
+    runs, curves = [], []
+    t = np.arange(1, 257)
+    for method, extra in (("ttt_linear_m", -0.05), ("mamba", 0.0)):
+        for seed in range(3):
+            run = f"{method}-s{seed}"
+            runs.append({"run": run, "method": method, "seed": seed, "status": "finished", "config": method,
+                         "matched": 1.0, "reference": "mamba", "seq_len": 256})
+            slope = -0.3 * seed + extra
+            curves += [{"run": run, "token_index": i, "loss": 3 + slope * np.log(i + 1)} for i in t]
+    r = Results(scaling=pd.DataFrame(runs), token_index=pd.DataFrame(curves))
+    v = verdict("scaling.late_tokens", r)
     assert v.status == HOLDS and "paired by seed" in v.sentence
 
 

@@ -391,7 +391,7 @@ def finetune_beats_pretrain(r) -> Verdict:
 
 def keeps_improving_late(r) -> Verdict:
     """Figure 14 at matched FLOPs: over the second half of the token indices, TTT-Linear's loss falls faster
-    with log(index) than Mamba's (a more negative least-squares slope), per seed."""
+    with log(index) than Mamba's (a more negative least-squares slope), per seed (paired by seed)."""
     df, ti = finished_runs(r.csv("scaling")), r.csv("scaling", "token_index.csv")
     if ti is None or ti.empty or "matched" not in df:
         return Verdict(MISSING, "no matched-FLOPs token-index curves")
@@ -402,12 +402,12 @@ def keeps_improving_late(r) -> Verdict:
             T = pd.to_numeric(df.loc[df["matched"].notna(), "seq_len"]).max()
             runs = runs[pd.to_numeric(runs["seq_len"]) == T]
         out = []
-        for run in runs["run"]:
+        for run, seed in zip(runs["run"], runs["seed"], strict=True):
             c = ti[ti["run"] == run]
             c = c[c["token_index"] > c["token_index"].max() / 2]
             if len(c) > 2:
-                out.append(np.polyfit(np.log(c["token_index"] + 1), c["loss"], 1)[0])
-        return pd.DataFrame({"v": out})
+                out.append({"seed": seed, "v": np.polyfit(np.log(c["token_index"] + 1), c["loss"], 1)[0]})
+        return pd.DataFrame(out, columns=["seed", "v"])  # with the seed: the two methods pair up by seed
 
     return compare(slopes("ttt_linear_m"), slopes("mamba"), ("TTT-Linear (M) late slope", "Mamba late slope"),
                    "<", None, value="v")
