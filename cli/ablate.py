@@ -95,17 +95,17 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
     from ttt_bench.experiments.engine.runner import launcher_jobs
 
     stages = experiment.stages(profile, data_dir, overrides)
-    synthetic = any(o in ("data=synthetic", "data=synthetic_images") for _, runs in stages
-                    for run in runs.values() for o in run.overrides)
+    synthetic = any(o in ("data=synthetic", "data=synthetic_images") for stage in stages
+                    for run in stage.runs.values() for o in run.overrides)
     if data_dir is None and synthetic:
         print("# data: the embedded synthetic corpus (no --data-dir), whatever the run names say; pass "
               "--data-dir for the real corpora (e.g. ../shared/data)")
     minutes = gpu_hours = flops = 0.0
     measured, sources = Throughput.committed(), set()
-    for folder, runs in stages:
+    for stage in stages:
         if len(stages) > 1:
-            print(f"# {folder}: {len(runs)} runs")
-        for name, run in runs.items():
+            print(f"# {stage.folder}: {len(stage.runs)} runs")
+        for name, run in stage.runs.items():
             cfg = composed(run.overrides)
             cost = run_cost(cfg)
             on_gpu = cfg.trainer.accelerator in ("gpu", "cuda")

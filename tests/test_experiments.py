@@ -266,7 +266,7 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     trained = []
     monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
     root = (tmp_path / "runs").resolve()
-    monkeypatch.setattr(Progress, "plan", lambda self, runs, out: trained.extend(
+    monkeypatch.setattr(Progress, "plan", lambda self, runs, out, committed=None: trained.extend(
         (str(out.relative_to(root)), name, run.overrides) for name, run in runs.items()))
     for e in EXPERIMENTS.values():
         monkeypatch.setattr(e, "run_step", lambda ctx: None)
@@ -553,6 +553,25 @@ def test_the_eta_prices_what_is_left_at_this_sessions_speed_plus_each_runs_fixed
     assert "run 4/4 (b): elapsed 1.0 min, ETA 1.6 min" in caplog.text
 
 
+def test_the_plan_counts_runs_a_committed_registry_will_restore_as_no_work(tmp_path):
+    """A pipeline plans every step up front, before each step restores its committed runs: a run the
+    committed registry holds finished with the same identity is no work of this session (the ETA of a
+    pipeline whose later steps added seeds had counted the earlier seeds' restorable runs: 255 min at run 3
+    of a 90-minute job); a run with other overrides, or one the registry holds failed, is work."""
+    runs = {n: configuration(n, [*TINY, "model=transformer", f"seed={i}"], "Transformer")
+            for i, n in enumerate(("a", "b", "c"))}
+    registry = tmp_path / "registry.csv"
+    pd.DataFrame({"run": ["a", "b", "c"], "status": ["finished", "failed", "finished"],
+                  "overrides": [" ".join(runs["a"].overrides), " ".join(runs["b"].overrides), "seed=9"]}
+                 ).to_csv(registry, index=False)
+    progress = Progress(tmp_path / "progress.json")
+    progress.plan(runs, tmp_path / "out", registry)
+    assert progress.finished_before == {str(tmp_path / "out" / "a")}
+    flops = {Path(d).name: f for d, f in progress.flops.items()}
+    assert flops["a"] == 0 and flops["b"] > 0
+    assert runner.restore(tmp_path / "out", runs, registry) == 1  # the same runs the plan skipped
+
+
 def test_two_workers_that_start_together_take_consecutive_numbers(tmp_path, caplog):
     """With JOBS=2 two workers begin at once: each takes its number under a lock on the progress file, so
     they say run 1/N and run 2/N, never the same k twice; a run begun again keeps its number (issue 35,
@@ -576,7 +595,7 @@ def test_a_step_the_profile_leaves_out_runs_only_when_named(tmp_path, monkeypatc
     ran = []
     for e in EXPERIMENTS.values():
         monkeypatch.setattr(e, "run_step", lambda ctx, name=e.name: ran.append(name))
-    monkeypatch.setattr(Progress, "plan", lambda self, runs, out: None)
+    monkeypatch.setattr(Progress, "plan", lambda self, runs, out, committed=None: None)
     monkeypatch.setattr(reproduce, "write_report", lambda *a: tmp_path / "REPORT.md")
     left_out = [n for n, e in EXPERIMENTS.items() if e.left_out("cpu")]
     assert {"longrange", "recall"} <= set(left_out)

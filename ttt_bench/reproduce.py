@@ -21,28 +21,30 @@ from .experiments import EXPERIMENTS, steps
 from .experiments.engine.cost import ASSUMED_MFU, run_cost
 from .experiments.engine.plan import composed
 from .experiments.engine.report import StepContext, update_readme, write_report
-from .experiments.engine.runner import Progress
+from .experiments.engine.runner import Progress, Stage
 
 README_HEADLINE = ("table1", "table1.md",
                    "Table 1 (pile-mini, context 1,024 bytes, size `xs`; perplexity per byte, mean +- std "
                    "over seeds, and the bootstrap standard error of each evaluation over documents):")
 
 
-def planned_runs(profile: str, data_dir: str | None, names=None) -> list[tuple[str, str, dict]]:
-    """(step, sweep folder, runs) of every sweep that `make reproduce PROFILE=<profile>` trains, in order:
-    what `main` plans its progress over and the steps then train."""
-    return [(name, folder, runs) for name in (steps() if names is None else names)
-            for folder, runs in EXPERIMENTS[name].stages(profile, data_dir)]
+def planned_runs(profile: str, data_dir: str | None, names=None,
+                 out: Path | None = None) -> list[tuple[str, Stage]]:
+    """(step, stage) of every sweep that `make reproduce PROFILE=<profile>` trains, in order: what `main`
+    plans its progress over and the steps then train. `out`: the results folder, whose committed step
+    folders restore finished runs."""
+    return [(name, stage) for name in (steps() if names is None else names)
+            for stage in EXPERIMENTS[name].stages(profile, data_dir, committed=out and out / name)]
 
 
 def paper_plan(data_dir: str | None) -> pd.DataFrame:
     """Every run that `make reproduce PROFILE=paper` trains, with the config it composes and its cost."""
     rows = []
-    for step, folder, runs in planned_runs("paper", data_dir):
-        for name, run in runs.items():
+    for step, stage in planned_runs("paper", data_dir):
+        for name, run in stage.runs.items():
             cfg = composed(run.overrides)
             cost = run_cost(cfg)
-            rows.append({"sweep": step, "folder": folder, "run": name, "tokens": cost.tokens,
+            rows.append({"sweep": step, "folder": stage.folder, "run": name, "tokens": cost.tokens,
                          "images": cost.images, "train_flops": cost.train_flops, "seq_len": cost.seq_len,
                          "tokenizer": cost.tokenizer, "precision": str(cfg.trainer.precision),
                          "tokens_per_batch": int(cfg.recipe.get("tokens_per_batch") or 0),
@@ -110,8 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         runs = a.runs or runs_root() / f"reproduce-{a.profile}"
         progress = Progress(runs / "progress.json", jobs=a.jobs)
-        for _, folder, planned in planned_runs(a.profile, a.data_dir, chosen):
-            progress.plan(planned, (runs / folder).resolve())
+        for _, stage in planned_runs(a.profile, a.data_dir, chosen, out):
+            progress.plan(stage.runs, (runs / stage.folder).resolve(), stage.committed)
         ctx = StepContext(a.profile, a.data_dir, out, runs.resolve(), not a.no_train, progress,
                           ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.jobs}"] if a.jobs > 1 else [])
         for name in chosen:

@@ -293,12 +293,15 @@ class Recall(Experiment):
                                               role="mqar", seeds=1 if calibrating else None))
         return runs
 
-    def stages(self, profile: str, data_dir: str | None,
-               overrides: list[str] = ()) -> list[tuple[str, dict[str, Run]]]:
-        grid = (self.name, self.plan(profile, data_dir, overrides, lrs={}))  # the chosen lrs: once they are
+    def stages(self, profile: str, data_dir: str | None, overrides: list[str] = (),
+               committed: Path | None = None) -> list[Stage]:
+        committed = Path(committed) if committed is not None else None
+        grid = Stage(self.name, self.plan(profile, data_dir, overrides, lrs={}),  # the chosen lrs: once they
+                     committed and committed / "registry.csv")                     # are known
         if not self.calibrates(profile):
             return [grid]
-        return [(f"{self.name}/calibration", self.plan(profile, data_dir, overrides)), grid]
+        return [Stage(f"{self.name}/calibration", self.plan(profile, data_dir, overrides),
+                      committed and committed / "calibration.csv"), grid]
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,

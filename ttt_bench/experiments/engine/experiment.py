@@ -84,20 +84,23 @@ class Experiment:
             run.overrides = merge(run.overrides, list(overrides))
         return runs
 
-    def stages(self, profile: str, data_dir: str | None,
-               overrides: list[str] = ()) -> list[tuple[str, dict[str, Run]]]:
-        """(folder, runs) of every sweep folder the experiment trains, in order, as planned up front (the
-        pipeline's progress; an experiment whose later stage depends on an earlier one plans it with
-        placeholders); none for an experiment that trains nothing. `overrides`: as `plan`'s."""
-        return [(self.name, self.plan(profile, data_dir, overrides))] if self.trains else []
+    def stages(self, profile: str, data_dir: str | None, overrides: list[str] = (),
+               committed: Path | None = None) -> list[Stage]:
+        """Every sweep folder the experiment trains (its folder relative to the runs root), in order, as
+        planned up front (the pipeline's progress; an experiment whose later stage depends on an earlier one
+        plans it with placeholders); none for an experiment that trains nothing. `overrides`: as `plan`'s;
+        `committed`: the step folder of an earlier session, whose registry restores finished runs."""
+        if not self.trains:
+            return []
+        return [Stage(self.name, self.plan(profile, data_dir, overrides),
+                      committed and Path(committed) / "registry.csv")]
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
               overrides: list[str] = ()) -> Trained:
         """Train the sweep in `out` (skipping finished runs), every run with `overrides`. `committed`: the
         step folder of an earlier session, whose registry's finished runs count as done."""
-        stage = Stage(self.name, self.plan(profile, data_dir, overrides),
-                      committed and Path(committed) / "registry.csv")
+        stage, = self.stages(profile, data_dir, overrides, committed)
         return train_stage(self.name, profile, stage, out, launcher, pipeline, train)
 
     # ---- the step ----

@@ -76,10 +76,13 @@ class Progress:
         write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
                                "start": self.start, "jobs": self.jobs, "started": self.started})
 
-    def plan(self, runs: dict[str, Run], out: Path) -> None:
+    def plan(self, runs: dict[str, Run], out: Path, committed: Path | None = None) -> None:
+        """Price the runs of one sweep folder `out`; those finished there, or that the `committed` registry
+        will restore, are no work of this session."""
+        restored = restorable(runs, committed)
         for name, run in runs.items():
             run_dir = str(Path(out) / name)
-            if run_finished(run_dir):
+            if run_finished(run_dir) or name in restored:
                 self.finished_before.add(run_dir)
                 self.flops[run_dir] = 0.0
                 continue
@@ -273,7 +276,7 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
         restore(out, runs, stage.committed)
     if pipeline is None:
         pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
-        pipeline.plan(runs, out)
+        pipeline.plan(runs, out, stage.committed)
     for run in runs.values():  # TF finetune starts from the weights of the run it depends on
         if run.after is not None:
             run.overrides.append(f"recipe.init_from='{out / run.after / 'checkpoints' / 'last.ckpt'}'")
@@ -300,20 +303,24 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
     return Trained(write_registry(out), {"floors.csv": floors})
 
 
-def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:
-    """Count the finished runs of a committed registry (an earlier session's, whose run folders are gone)
-    as done: their metrics.json is written back, unless another run starts from their checkpoint. Returns
-    how many were restored."""
-    if not Path(registry).is_file():
-        return 0
+def restorable(runs: dict[str, Run], registry: Path | None) -> dict[str, dict]:
+    """The planned runs that a committed registry (an earlier session's) holds finished with the same
+    identity, with their rows; not a run that another run starts from (its checkpoint is needed)."""
+    if registry is None or not Path(registry).is_file():
+        return {}
     parents = {run.after for run in runs.values()}
     old = pd.read_csv(registry)
+    return {row["run"]: row for row in old[old["status"] == "finished"].to_dict("records")
+            if row["run"] in runs and row["run"] not in parents
+            and identity(row["overrides"]) == identity(runs[row["run"]].overrides)}
+
+
+def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:
+    """Count the finished runs of a committed registry (an earlier session's, whose run folders are gone)
+    as done: their metrics.json is written back. Returns how many were restored."""
     n = 0
-    for row in old[old["status"] == "finished"].to_dict("records"):
-        name = row["run"]
-        if name not in runs or name in parents or run_finished(out / name):
-            continue
-        if identity(row["overrides"]) != identity(runs[name].overrides):
+    for name, row in restorable(runs, registry).items():
+        if run_finished(out / name):
             continue
         plan_keys = set(runs[name].columns()) | {"run", "sweep", "profile", "after", "overrides",
                                                   "total_train_flops"}
