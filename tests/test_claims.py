@@ -7,7 +7,7 @@ import pytest
 
 from ttt_bench.experiments import EXPERIMENTS
 from ttt_bench.experiments.engine import report
-from ttt_bench.experiments.engine.stats import difference, spearman
+from ttt_bench.experiments.engine.stats import difference, trend
 from ttt_bench.experiments.engine.verdicts import (
     FAILS,
     HOLDS,
@@ -139,9 +139,13 @@ def minibatch(means: dict, seeds: int = 3) -> pd.DataFrame:
     )
 
 
-def test_figure8_trend_is_a_rank_correlation_over_every_b():
+def test_figure8_trend_is_pages_test_over_every_b_with_seeds_as_blocks():
     rising = {1: 9.0, 2: 9.1, 4: 9.2, 8: 9.3, 16: 9.4, 32: 9.5, 64: 9.6, "T": 10.0}
     assert verdict("fig8.trend", Results(minibatch=minibatch(rising))).status == HOLDS
+    # each seed's own offset (its data order) is larger than the whole trend: the blocks still show it
+    offsets = minibatch(rising).assign(val_ppl=lambda d: d["val_ppl"] + 2.0 * d["seed"])
+    v = verdict("fig8.trend", Results(minibatch=offsets))
+    assert v.status == HOLDS and "Page's test" in v.sentence and "within each of 3 seeds" in v.sentence
     falling = {k: 20 - v for k, v in rising.items()}
     assert verdict("fig8.trend", Results(minibatch=minibatch(falling))).status == FAILS
     v = verdict("fig8.trend", Results(minibatch=minibatch(dict.fromkeys(rising, 9.0))))
@@ -210,8 +214,9 @@ def test_statistics():
     d = difference([1.0, 1.1, 0.9], [2.0, 2.1, 1.9])
     assert d.mean == pytest.approx(-1.0) and d.sign() == -1 and d.hi < 0
     assert difference([1.0], [2.0]).sign() is None
-    rho, lo, hi = spearman(range(10), np.arange(10) ** 2)
-    assert rho == pytest.approx(1.0) and lo > 0.9
+    t = trend(np.arange(10) ** 2 + np.arange(3)[:, None])  # 3 seeds, 10 levels, every seed rising
+    assert t.rho == pytest.approx(1.0) and t.sign() == 1 and t.p_up < 1e-6 < t.p_down
+    assert trend(np.arange(10)[None]).sign() is None  # one seed: no test
 
 
 def recall(acc: dict, seeds: int = 3, spread: float = 0.01) -> pd.DataFrame:

@@ -25,7 +25,7 @@ from .engine.experiment import Experiment, PlotCommand, Section, read_csv
 from .engine.floors import drawn_floors, undertrained
 from .engine.plan import Run, configuration, data_overrides
 from .engine.registry import finished_runs, read_registry, select
-from .engine.stats import spearman
+from .engine.stats import trend
 from .engine.tables import summary_table
 from .engine.verdicts import (
     FAILS,
@@ -258,26 +258,32 @@ def plot_inner_loss(inputs: list[Path], stem: Path) -> list[Path]:
 
 
 def minibatch_trend(r) -> Verdict:
-    """Perplexity rises with b over the whole range (b = T the largest): Spearman's rho > 0."""
+    """Perplexity rises with b over the whole range (b = T the largest): Page's trend test with seeds as
+    blocks (the runs of one seed share the data order), over the seeds that ran every b."""
     df = finished_runs(r.csv("minibatch"))
     if df.empty:
         return Verdict(MISSING, "no finished runs")
-    order = {b: i for i, b in enumerate(sorted((b for b in df["mini_batch"].unique() if b != "T"), key=int))}
-    order["T"] = len(order)
-    rank = df["mini_batch"].astype(str).map(order)
-    rho, lo, hi = spearman(rank, df["val_ppl"])
-    status = INCONCLUSIVE if lo is None else (HOLDS if lo > 0 else (FAILS if hi < 0 else INCONCLUSIVE))
+    df = df.assign(mini_batch=df["mini_batch"].astype(str))
+    levels = sorted((b for b in df["mini_batch"].unique() if b != "T"), key=int)
+    levels += ["T"] * ("T" in set(df["mini_batch"]))
+    table = df.pivot_table(index="seed", columns="mini_batch", values="val_ppl").reindex(columns=levels)
+    t = trend(table.dropna().to_numpy())
+    status = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE, None: INCONCLUSIVE}[t.sign()]
     under = undertrained(df, r.floors)
     if under:
         status = UNDERTRAINED
-    ci = "no interval (fewer than 5 runs)" if lo is None else f"95% CI {lo:+.2f} to {hi:+.2f}"
-    means = df.groupby("mini_batch", sort=False)["val_ppl"].mean()
+    test = ("no test (fewer than 2 seeds ran every b)" if t.p_up is None else
+            f"Page's test, one-sided p = {t.p_up:.2g} for a rise, {t.p_down:.2g} for a fall")
+    means = df.groupby("mini_batch")["val_ppl"].mean()
     sentence = (
-        f"Spearman's rho between b and perplexity over {len(df)} runs: {rho:+.2f} ({ci}); means "
-        + ", ".join(f"b={b}: {means[b]:.2f}" for b in sorted(means.index, key=order.get))
+        f"perplexity against b ({', '.join(levels)}) within each of {t.seeds} seeds: mean Spearman's rho "
+        f"{t.rho:+.2f}, {test}; means " + ", ".join(f"b={b}: {means[b]:.2f}" for b in levels)
         + (f"; {len(under)} runs do not beat the 3-gram floor (under-trained)" if under else "")
     )
-    return Verdict(status, sentence, {"rho": rho, "ci": [lo, hi], "means": means.to_dict()})
+    numbers = {"rho": t.rho, "p_up": t.p_up, "p_down": t.p_down, "means": means.to_dict()}
+    if t.sign() in (1, -1):  # one of its figure's family (Holm)
+        numbers["p"] = t.p_up if t.sign() == 1 else t.p_down
+    return Verdict(status, sentence, numbers)
 
 
 def dual_form_time(r) -> Verdict:

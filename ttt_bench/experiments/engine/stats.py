@@ -1,7 +1,7 @@
 """The statistics behind every verdict, from well-kept libraries: the 95% interval of a difference of seed
 means (scipy.stats: the paired t interval where the two arms share seeds, and so their data order and
-initialisation draws; Welch's where they do not), Spearman's rho with a Fisher-z interval (the Fieller et
-al. 1957 standard error, 1.06 / sqrt(n - 3)), and Holm's correction across the claims of one table or figure
+initialisation draws; Welch's where they do not), Page's test of an ordered trend over levels with seeds as
+blocks (scipy.stats.page_trend_test), and Holm's correction across the claims of one table or figure
 (statsmodels).
 
 A difference's minimum detectable effect (`Difference.mde`) is its interval's half-width: an effect smaller
@@ -62,18 +62,36 @@ def difference(a, b, paired: bool = False) -> Difference:
     return Difference(mean, float(ci.low), float(ci.high), len(a), len(b), paired, float(test.pvalue))
 
 
-def spearman(x, y) -> tuple[float, float | None, float | None]:
-    """Spearman's rho of paired samples (average ranks for ties) with its 95% interval."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    n = len(x)
-    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan"), None, None
-    rho = float(stats.spearmanr(x, y).statistic)
-    if n < 5:
-        return rho, None, None
-    z = math.atanh(max(min(rho, 0.999999), -0.999999))
-    half = stats.norm.ppf(1 - ALPHA / 2) * 1.06 / math.sqrt(n - 3)
-    return rho, math.tanh(z - half), math.tanh(z + half)
+@dataclass
+class Trend:
+    """An ordered trend over levels, seeds as blocks: `rho` the mean over seeds of Spearman's rho between
+    the level's rank and the value; `p_up` / `p_down` Page's one-sided p-values of a rising / falling trend
+    (None with fewer than 2 seeds that ran every level)."""
+
+    rho: float
+    p_up: float | None
+    p_down: float | None
+    seeds: int
+
+    def sign(self) -> int | None:
+        """+1 rising, -1 falling (at ALPHA), 0 neither, None untested."""
+        if self.p_up is None:
+            return None
+        return 1 if self.p_up < ALPHA else (-1 if self.p_down < ALPHA else 0)
+
+
+def trend(table: np.ndarray) -> Trend:
+    """Page's L test on `table` (a row per seed, a column per level in the predicted order): does the value
+    rise with the level within seeds? Seeds are blocks, so a seed's own offset (its data order and
+    initialisation) does not hide an ordering every seed shows."""
+    table = np.asarray(table, float)
+    rhos = [stats.spearmanr(np.arange(table.shape[1]), row).statistic for row in table if np.ptp(row) > 0]
+    rho = float(np.mean(rhos)) if rhos else float("nan")
+    if table.shape[0] < 2 or table.shape[1] < 3:
+        return Trend(rho, None, None, table.shape[0])
+    up = stats.page_trend_test(table).pvalue
+    down = stats.page_trend_test(table[:, ::-1]).pvalue
+    return Trend(rho, float(up), float(down), table.shape[0])
 
 
 def holm(pvalues: list[float]) -> list[float]:
