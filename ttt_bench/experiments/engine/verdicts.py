@@ -111,6 +111,9 @@ def compare(
                f"effect {paper_effect:.1%}")
     elif status == INCONCLUSIVE:
         why = "; the difference is within the seed spread"
+    if paper_effect is not None and "underpowered: the MDE" not in why:  # the MDE beside the paper's effect
+        paper += (f"; the paper's effect in our units {paper_effect * abs(b[value].mean()):.3g} "
+                  f"({paper_effect:.1%} of {names[1]})")
     sentence = (
         f"{names[0]} {mean_sd(a[value])} vs {names[1]} {mean_sd(b[value])}: difference {d.text()}{paper}{why}"
     )
