@@ -37,6 +37,7 @@ from .engine.verdicts import (
     Verdict,
     combine,
     compare,
+    status_of,
 )
 
 # ---- measurements ----
@@ -268,7 +269,7 @@ def minibatch_trend(r) -> Verdict:
     levels += ["T"] * ("T" in set(df["mini_batch"]))
     table = df.pivot_table(index="seed", columns="mini_batch", values="val_ppl").reindex(columns=levels)
     t = trend(table.dropna().to_numpy())
-    status = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE, None: INCONCLUSIVE}[t.sign()]
+    status = status_of(t, ">", 0.0)
     under = undertrained(df, r.floors)
     if under:
         status = UNDERTRAINED

@@ -24,7 +24,7 @@ from .engine.experiment import Experiment, Section, read_csv
 from .engine.plan import Run, composed, configuration
 from .engine.registry import finished_runs
 from .engine.stats import difference, mean_sd
-from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, UNDERTRAINED, Claim, Verdict, compare
+from .engine.verdicts import FAILS, HOLDS, MISSING, UNDERTRAINED, Claim, Verdict, compare, status_of
 
 LINEAR_FLOOR = "linear classifier on the pixels"
 
@@ -232,7 +232,7 @@ def gap_larger_on_pixels(paper: dict[str, float]):
             for floor, runs in below_linear_floor(r, sweep, used).items():
                 below.setdefault(floor, []).extend(runs)
         d = difference(gains["mttt_pixels"], gains["mttt_patches"])
-        status = {1: HOLDS, -1: FAILS, 0: INCONCLUSIVE, None: INCONCLUSIVE}[d.sign()]
+        status = status_of(d, ">", 0.0)
         sentence = (
             f"MTTT-MLP minus linear attention: pixels {gains['mttt_pixels'].mean():+.1f} vs patches "
             f"{gains['mttt_patches'].mean():+.1f} points, difference {d.text()} (paper: "

@@ -346,13 +346,14 @@ def plot_token_index(inputs: list[Path], stem: Path) -> list[Path]:
 # ---- claims ----
 
 
-def short_of_long_context(r, T: int) -> Verdict | None:
-    """"not tested" when the Books context T (bytes) is shorter than the paper's long contexts, else None."""
-    text, tokens = units.context(r, "books", T)
+def at_long_context(r, T: int | None, v: Verdict) -> Verdict:
+    """A long-context claim's verdict `v`, judged at the Books context T (bytes): "not tested" (with `v`'s
+    numbers) when T is shorter than the paper's long contexts."""
+    text, tokens = (None, None) if T is None else units.context(r, "books", T)
     if tokens is not None and tokens < LONG_CONTEXT_TOKENS:
         return Verdict(NOT_TESTED, f"the longest context run is {text}, below the paper's long contexts "
-                                   f"({LONG_CONTEXT_TOKENS:,} and 32k tokens)")
-    return None
+                                   f"({LONG_CONTEXT_TOKENS:,} and 32k tokens) ({v.sentence})", v.numbers)
+    return v
 
 
 def beats_mamba_at_long_context(method: str, label: str):
@@ -365,8 +366,7 @@ def beats_mamba_at_long_context(method: str, label: str):
         b = at_context(select(reg, role="books", method="mamba", size=size, seq_len=T), T)
         v = compare(a, b, (label, "Mamba"), "<", r.floors)
         v.sentence = f"size {size}, context {units.context(r, 'books', T)[0]}: {v.sentence}"
-        short = short_of_long_context(r, T)
-        return v if short is None else Verdict(NOT_TESTED, f"{short.sentence} ({v.sentence})", v.numbers)
+        return at_long_context(r, T, v)
 
     return judge
 
@@ -385,8 +385,7 @@ def finetune_beats_pretrain(r) -> Verdict:
         verdicts.append(compare(ft, pre, ("TF finetune", "TF pretrain"), "<", r.floors))
         names.append(f"size {size}, context {units.context(r, 'books', int(T))[0]}")
     v = combine(verdicts, names)
-    short = None if pairs.empty else short_of_long_context(r, int(pd.to_numeric(pairs["seq_len"]).max()))
-    return v if short is None else Verdict(NOT_TESTED, f"{short.sentence} ({v.sentence})", v.numbers)
+    return at_long_context(r, None if pairs.empty else int(pd.to_numeric(pairs["seq_len"]).max()), v)
 
 
 def keeps_improving_late(r) -> Verdict:
@@ -412,8 +411,7 @@ def keeps_improving_late(r) -> Verdict:
 
     v = compare(slopes("ttt_linear_m"), slopes("mamba"), ("TTT-Linear (M) late slope", "Mamba late slope"),
                 "<", None, value="v")
-    short = None if pd.isna(T) else short_of_long_context(r, int(T))
-    return v if short is None else Verdict(NOT_TESTED, f"{short.sentence} ({v.sentence})", v.numbers)
+    return at_long_context(r, None if pd.isna(T) else int(T), v)
 
 
 class Scaling(Experiment):

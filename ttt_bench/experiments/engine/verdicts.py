@@ -111,7 +111,8 @@ def compare(
                f"effect {paper_effect:.1%}")
     elif status == INCONCLUSIVE:
         why = "; the difference is within the seed spread"
-    if paper_effect is not None and "underpowered: the MDE" not in why:  # the MDE beside the paper's effect
+    if paper_effect is not None and status != UNDERPOWERED:  # the MDE beside the paper's effect (underpowered
+                                                              # says it already)
         paper += (f"; the paper's effect in our units {paper_effect * abs(b[value].mean()):.3g} "
                   f"({paper_effect:.1%} of {names[1]})")
     sentence = (
