@@ -14,6 +14,8 @@ from ttt_bench.experiments.engine import plotting as P
 from ttt_bench.experiments.engine.experiment import Experiment, Section, read_csv
 from ttt_bench.experiments.engine.plan import configuration, data_overrides
 from ttt_bench.experiments.engine.registry import select
+from ttt_bench.experiments.engine.report import StepContext
+from ttt_bench.experiments.engine.runner import Trained
 from ttt_bench.experiments.engine.tables import summary_table
 from ttt_bench.experiments.engine.verdicts import STATUSES, Claim, compare
 from ttt_bench.io import write_atomic
@@ -106,3 +108,28 @@ def test_a_toy_experiment_gets_plan_registry_verdict_table_figure_and_report(tmp
     reproduce.main(["--profile", "smoke", "--steps", "toy", "--out", str(tmp_path / "results"),
                     "--report-only"])
     assert {f: (out / "toy" / f).read_bytes() for f in before} == before
+
+
+def test_a_step_in_parts_writes_its_folder_after_each_part(tmp_path, monkeypatch):
+    """A step longer than a session (a profile's `parts`) is committable part by part: part k trains the
+    first k/parts of the runs in plan order, and the step folder is written after each part."""
+    toy = Toy()
+    toy.definition = {**TOY_SWEEP, "profiles": {"smoke": {**TOY_SWEEP["profiles"]["smoke"], "parts": 2}}}
+    stage, = toy.stages("smoke", None)
+    assert list(stage.first(1, 2).runs) == ["transformer-s0", "mamba-s0"]  # every configuration's seed 0
+    assert stage.first(2, 2).runs == stage.runs
+    assert list(stage.first(1, 3).runs) == ["transformer-s0", "mamba-s0"]  # ceil(4 / 3) runs
+
+    def train(profile, out, *args, part, **kwargs):  # stands in for training: the part's runs, finished
+        runs = stage.first(*part).runs
+        return Trained(pd.DataFrame({"run": list(runs), "status": "finished", "val_ppl": 9.0}))
+
+    written = []
+    monkeypatch.setattr(toy, "train", train)
+    monkeypatch.setattr(toy, "tabulate", lambda folder: written.append(
+        (len(pd.read_csv(folder / "registry.csv")), json.loads((folder / "step.json").read_text())["part"]
+         if (folder / "step.json").is_file() else None)))
+    ctx = StepContext("smoke", None, tmp_path, tmp_path / "runs", True, None, [])
+    toy.run_step(ctx)
+    assert written == [(2, None), (4, "1 of 2")]  # tabulated after each part, step.json written after
+    assert json.loads((tmp_path / "toy" / "step.json").read_text())["part"] == "2 of 2"

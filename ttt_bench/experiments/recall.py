@@ -305,10 +305,10 @@ class Recall(Experiment):
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
-              overrides: list[str] = ()) -> Trained:
+              overrides: list[str] = (), part: tuple[int, int] = (1, 1)) -> Trained:
         """The calibration grid in <out>/calibration, each method's best learning rate from it, then the whole
-        grid at those rates in <out>. `committed`: a folder with an earlier session's registry.csv and
-        calibration.csv."""
+        grid at those rates in <out> (`part`: the first k of `parts` equal parts of it). `committed`: a folder
+        with an earlier session's registry.csv and calibration.csv."""
         out, lrs, files = Path(out), {}, {}
         committed = Path(committed) if committed is not None else None
         if self.calibrates(profile):
@@ -320,7 +320,7 @@ class Recall(Experiment):
             lrs = best_lrs(calibration.registry)
         stage = Stage(self.name, self.plan(profile, data_dir, overrides, lrs=lrs),
                       committed and committed / "registry.csv")
-        grid = train_stage(self.name, profile, stage, out, launcher, pipeline, train)
+        grid = train_stage(self.name, profile, stage.first(*part), out, launcher, pipeline, train)
         return Trained(grid.registry, {**grid.files, **files}, {"lrs": lrs})
 
     def tabulate(self, folder: Path) -> None:

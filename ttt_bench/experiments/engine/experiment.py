@@ -63,6 +63,12 @@ class Experiment:
     def seeds(self, profile: str) -> int:
         return int(self.sweep["profiles"][profile].get("seeds", 1))
 
+    def parts(self, profile: str) -> int:
+        """How many parts the step trains in (its profile's `parts`, default 1). Its folder is written after
+        each part, so a step longer than a session is committed part by part; part k trains the first k/parts
+        of the runs in plan order (seed-major: the first part holds every configuration's first seed)."""
+        return int(self.sweep["profiles"][profile].get("parts", 1)) if self.trains else 1
+
     def left_out(self, profile: str) -> str | None:
         """Why the experiment is not a step of this profile (its sweep's `left_out`: profile -> reason), or
         None when it is. Its claims are then "not tested", with that reason."""
@@ -97,27 +103,30 @@ class Experiment:
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
-              overrides: list[str] = ()) -> Trained:
+              overrides: list[str] = (), part: tuple[int, int] = (1, 1)) -> Trained:
         """Train the sweep in `out` (skipping finished runs), every run with `overrides`. `committed`: the
-        step folder of an earlier session, whose registry's finished runs count as done."""
+        step folder of an earlier session, whose registry's finished runs count as done; `part`: (k, parts),
+        the first k of `parts` equal parts of the runs."""
         stage, = self.stages(profile, data_dir, overrides, committed)
-        return train_stage(self.name, profile, stage, out, launcher, pipeline, train)
+        return train_stage(self.name, profile, stage.first(*part), out, launcher, pipeline, train)
 
     # ---- the step ----
 
     def run_step(self, ctx: StepContext) -> None:
         """The experiment as a step of `make reproduce`: train its sweeps (restoring the committed runs),
-        keep their files, measure, tabulate, and record how."""
-        step = ctx.step(self)
-        trained = self.train(ctx.profile, ctx.runs / self.name, ctx.data_dir, ctx.launcher, ctx.progress,
-                             committed=step.dir, train=ctx.train)
-        step.csv("registry.csv", trained.registry)
-        for name, df in trained.files.items():
-            step.csv(name, df)
-        log.info("step %s: runs trained; measuring them and drawing the tables and figures", self.name)
-        self.measure(step, trained, ctx)
-        self.tabulate(step.dir)
-        step.done(trained.registry, **trained.info)
+        keep their files, measure, tabulate, and record how; in parts, the folder is written after each."""
+        step, parts = ctx.step(self), self.parts(ctx.profile)
+        for k in range(1, parts + 1):
+            trained = self.train(ctx.profile, ctx.runs / self.name, ctx.data_dir, ctx.launcher, ctx.progress,
+                                 committed=step.dir, train=ctx.train, part=(k, parts))
+            step.csv("registry.csv", trained.registry)
+            for name, df in trained.files.items():
+                step.csv(name, df)
+            log.info("step %s: runs trained%s; measuring them and drawing the tables and figures", self.name,
+                     f" (part {k} of {parts}: its folder can be committed now)" if parts > 1 else "")
+            self.measure(step, trained, ctx)
+            self.tabulate(step.dir)
+            step.done(trained.registry, **trained.info, **({"part": f"{k} of {parts}"} if parts > 1 else {}))
 
     def measure(self, step: Step, trained: Trained, ctx: StepContext) -> None:
         """Measurements of the trained runs beyond their metrics, into the step folder (`step.per_run`)."""

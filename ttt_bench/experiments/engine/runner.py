@@ -242,6 +242,11 @@ class Stage:
     runs: dict[str, Run]
     committed: Path | None = None  # a registry of earlier sessions (on a new machine: restored)
 
+    def first(self, k: int, parts: int) -> "Stage":
+        """The stage with the first k of `parts` equal parts of its runs, in plan order."""
+        n = -(-len(self.runs) * k // parts)
+        return Stage(self.folder, dict(list(self.runs.items())[:n]), self.committed)
+
 
 @dataclass
 class Trained:
