@@ -68,16 +68,14 @@ def test_consecutive_rows_differ_in_exactly_their_change(ladder):
 
 
 def test_last_row_is_ttt_linear_and_references_share_the_budget(ladder):
+    runs = TABLE1.plan("cpu")
     base = [o for o in ladder[-1].overrides if not o.startswith("model")]
     last = resolved(ladder[-1].overrides)["model"]
     assert last == resolved([*base, "model=ttt_linear"])["model"]
-    quick = TABLE1.plan("quick")  # the cpu profile leaves the references to the scaling step
-    quick_base = [o for o in quick["11-mamba_backbone-s0"].overrides if not o.startswith("model")]
     for ref in ("transformer-s0", "mamba-s0"):
-        assert [o for o in quick[ref].overrides if not o.startswith("model")] == quick_base
-    runs, profile = TABLE1.plan("cpu"), TABLE1.sweep["profiles"]["cpu"]
-    assert "transformer-s0" not in runs and not profile["references"]
-    assert len(runs) == len(ladder) * TABLE1.seeds("cpu") + len(profile["etas"]) * profile["eta_seeds"]
+        assert [o for o in runs[ref].overrides if not o.startswith("model")] == base
+    profile = TABLE1.sweep["profiles"]["cpu"]
+    assert len(runs) == (len(ladder) + 2) * TABLE1.seeds("cpu") + len(profile["etas"]) * profile["eta_seeds"]
 
 
 def test_the_eta_sweep_changes_only_the_step_size_of_its_row(ladder):

@@ -146,10 +146,10 @@ class Table1(Experiment):
             model = list(row["overrides"]) if "overrides" in row else merge(model, row["change"])
             runs.append(configuration(f"{i + 1}-{row['name']}", base + model, row["label"], row=i + 1,
                                       paper_ppl=row.get("paper_ppl"), change=" ".join(row.get("change", []))))
-        p = self.sweep["profiles"][profile]
-        for ref in self.sweep.get("references", []) if p.get("references", True) else []:
+        for ref in self.sweep.get("references", []):
             runs.append(configuration(ref["name"], base + ref["overrides"], ref["label"], row=None,
                                       paper_ppl=None))
+        p = self.sweep["profiles"][profile]
         return runs + self.eta_sweep(runs, p.get("etas", []), p.get("eta_seeds"))
 
     def eta_sweep(self, runs: list[Run], etas: list[float], seeds: int | None) -> list[Run]:
