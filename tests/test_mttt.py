@@ -324,9 +324,10 @@ def test_mttt_sweeps_plan_and_compose(tmp_path):
     from ttt_bench.config import compose
     from ttt_bench.experiments import EXPERIMENTS
 
-    for sweep, rows, seeds in (("mttt_patches", 6, 5), ("mttt_pixels", 6, 3), ("mttt_ablation", 4, 5)):
+    for sweep, rows, seeds in (("mttt_patches", 6, 10), ("mttt_pixels", 6, 3), ("mttt_ablation", 4, 10)):
         runs = EXPERIMENTS[sweep].plan("cpu", str(tmp_path))
         assert len(runs) == seeds * rows and all("data=fashion_mnist" in r.overrides for r in runs.values())
+        assert EXPERIMENTS[sweep].parts("cpu") == (2 if seeds == 10 else 1)  # two committed parts of 5 seeds
         smoke = EXPERIMENTS[sweep].plan("smoke")
         for run in list(smoke.values())[:2]:
             cfg = compose("train", run.overrides)
