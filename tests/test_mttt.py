@@ -3,6 +3,7 @@ reference, the inner loss falling over the steps, the image data and its errors,
 
 import gzip
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,28 @@ def test_mttt_linear_one_step_is_identity_map_linear_attention(f64, seed):
     torch.testing.assert_close(m.g.weight.grad, wv - bv[:, :, None] * m.g_bias, **close)
     torch.testing.assert_close(m.g_bias.grad, -torch.einsum("he,hed->d", bv, m.g.weight), **close)
 
+
+
+def test_one_seed_starts_identity_linear_attention_and_mttt_linear_from_one_function(one_thread):
+    """The two rows of MTTT Table 1 that compute one function are paired by seed: with the same seed the
+    ViTs hold the same numbers (the mixers under Eq. 11's map, everything else as is), so their difference
+    measures the parametrisation (g_b), not two initialisations."""
+    def vit(mixer):
+        torch.manual_seed(3)
+        return ViTClassifier(mixer, d_model=16, n_layers=2, n_heads=2, mlp_hidden=24, token_dim=9,
+                             num_tokens=4, num_classes=10)
+
+    la = vit(partial(LinearAttention, feature_map="identity", normalizer="constant"))
+    mt = vit(partial(MTTTLayer, encoder="linear", steps=1, decoder_ln=False, learned_w0=False))
+    for a, b in zip(la.blocks, mt.blocks, strict=True):
+        mapped = linear_attention_of(b.mixer).state_dict()
+        for name, p in a.mixer.state_dict().items():
+            torch.testing.assert_close(p, mapped[name], rtol=0, atol=0, msg=name)
+    rest = lambda m: {k: v for k, v in m.state_dict().items() if ".mixer." not in k}
+    torch.testing.assert_close(rest(la), rest(mt), rtol=0, atol=0)
+    x = torch.randn(5, 4, 9)
+    torch.testing.assert_close(la.pre_logits(la.norm(la.blocks[1](la.blocks[0](la.embed(x) + la.pos)))),
+                               mt.pre_logits(mt.norm(mt.blocks[1](mt.blocks[0](mt.embed(x) + mt.pos)))))
 
 @pytest.mark.parametrize("seed", range(3))
 def test_nadaraya_watson_is_self_attention(f64, seed):

@@ -26,6 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
 from ..errors import UserError
 
@@ -220,10 +221,18 @@ class LinearAttention(nn.Module):
                 f"got {feature_map!r}, {normalizer!r}"
             )
         self.H, self.feature_map, self.normalizer = n_heads, feature_map, normalizer
-        self.q, self.k, self.v, self.proj = (nn.Linear(d_model, d_model) for _ in range(4))
-        for lin in (self.q, self.k, self.v, self.proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+        d, H, dh = d_model, n_heads, d_model // n_heads
+        self.q, self.k, self.v, self.proj = (skip_init(nn.Linear, d, d) for _ in range(4))
+        # MTTTLayer's draws (psi, phi, g, h: the same order, shapes and bounds, laid out as q, k, v, proj as
+        # in Eq. 11), so that with one seed the identity map starts from MTTT-Linear's function and the two
+        # rows of Table 1 are paired (tests/test_mttt.py); Xavier uniform on each d x d matrix, as before
+        with torch.no_grad():
+            self.q.weight.copy_(uniform_(torch.empty(H, d, dh), d).permute(0, 2, 1).reshape(d, d))
+            self.k.weight.copy_(uniform_(torch.empty(H, d, dh), d).permute(0, 2, 1).reshape(d, d))
+            self.v.weight.copy_(uniform_(torch.empty(H, dh, d), d).reshape(d, d))
+            self.proj.weight.copy_(uniform_(torch.empty(H, dh, d), d).reshape(d, d).T)
+            for lin in (self.q, self.k, self.v, self.proj):
+                lin.bias.zero_()
 
     def heads(self, t: torch.Tensor) -> torch.Tensor:
         return t.unflatten(-1, (self.H, -1)).transpose(1, 2)  # [B, H, N, d_h]
