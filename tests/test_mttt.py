@@ -94,7 +94,6 @@ def test_mttt_linear_one_step_is_identity_map_linear_attention(f64, seed):
     torch.testing.assert_close(m.g_bias.grad, -torch.einsum("he,hed->d", bv, m.g.weight), **close)
 
 
-
 def test_one_seed_starts_identity_linear_attention_and_mttt_linear_from_one_function(one_thread):
     """The two rows of MTTT Table 1 that compute one function are paired by seed: with the same seed the
     ViTs hold the same numbers (the mixers under Eq. 11's map, everything else as is), so their difference
@@ -115,6 +114,7 @@ def test_one_seed_starts_identity_linear_attention_and_mttt_linear_from_one_func
     x = torch.randn(5, 4, 9)
     torch.testing.assert_close(la.pre_logits(la.norm(la.blocks[1](la.blocks[0](la.embed(x) + la.pos)))),
                                mt.pre_logits(mt.norm(mt.blocks[1](mt.blocks[0](mt.embed(x) + mt.pos)))))
+
 
 @pytest.mark.parametrize("seed", range(3))
 def test_nadaraya_watson_is_self_attention(f64, seed):

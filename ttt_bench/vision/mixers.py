@@ -225,7 +225,7 @@ class LinearAttention(nn.Module):
         self.q, self.k, self.v, self.proj = (skip_init(nn.Linear, d, d) for _ in range(4))
         # MTTTLayer's draws (psi, phi, g, h: the same order, shapes and bounds, laid out as q, k, v, proj as
         # in Eq. 11), so that with one seed the identity map starts from MTTT-Linear's function and the two
-        # rows of Table 1 are paired (tests/test_mttt.py); Xavier uniform on each d x d matrix, as before
+        # rows of MTTT Table 1 are paired (tests/test_mttt.py); Xavier uniform on each d x d matrix, as before
         with torch.no_grad():
             self.q.weight.copy_(uniform_(torch.empty(H, d, dh), d).permute(0, 2, 1).reshape(d, d))
             self.k.weight.copy_(uniform_(torch.empty(H, d, dh), d).permute(0, 2, 1).reshape(d, d))
