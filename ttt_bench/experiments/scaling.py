@@ -352,7 +352,8 @@ def at_long_context(r, T: int | None, v: Verdict) -> Verdict:
     text, tokens = (None, None) if T is None else units.context(r, "books", T)
     if tokens is not None and tokens < LONG_CONTEXT_TOKENS:
         return Verdict(NOT_TESTED, f"the longest context run is {text}, below the paper's long contexts "
-                                   f"({LONG_CONTEXT_TOKENS:,} and 32k tokens) ({v.sentence})", v.numbers)
+                                   f"({LONG_CONTEXT_TOKENS:,} and 32k tokens; why: docs/ttt_layer.md, "
+                                   f"'Long context on 2 cores') ({v.sentence})", v.numbers)
     return v
 
 
