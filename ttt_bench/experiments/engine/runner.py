@@ -15,7 +15,7 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -245,7 +245,7 @@ class Stage:
     def first(self, k: int, parts: int) -> "Stage":
         """The stage with the first k of `parts` equal parts of its runs, in plan order."""
         n = -(-len(self.runs) * k // parts)
-        return Stage(self.folder, dict(list(self.runs.items())[:n]), self.committed)
+        return replace(self, runs=dict(list(self.runs.items())[:n]))
 
 
 @dataclass
