@@ -122,7 +122,8 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
                   f"{cost.train_flops:.2g} FLOPs, {when}]: {' '.join(run.overrides)}")
     print(f"# {flops:.3g} training FLOPs in all")
     if gpu_hours:
-        print(f"# GPU runs: ~{gpu_hours:,.0f} A100-hours at {ASSUMED_MFU:.0%} MFU of its "
+        hours = f"{gpu_hours:,.0f}" if gpu_hours >= 10 else f"{gpu_hours:.2g}"
+        print(f"# GPU runs: ~{hours} A100-hours at {ASSUMED_MFU:.0%} MFU of its "
               f"{A100_BF16_FLOPS / 1e12:.0f} bf16 TFLOP/s (an H100's bf16 peak is about 3x an A100's)")
     if minutes:
         jobs = launcher_jobs(launcher)

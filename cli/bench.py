@@ -40,8 +40,9 @@ def run(args: list[str]) -> None:
 
     import pandas as pd
 
-    from ttt_bench.bench.common import busy_cores, conditions, hardware, load_average
+    from ttt_bench.bench.common import busy_cores, conditions, load_average
     from ttt_bench.io import write_atomic
+    from ttt_bench.machine import hardware
 
     a = parser().parse_args(args)
     check_options(a)

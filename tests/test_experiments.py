@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from ttt_bench.config import REPO_ROOT
 from ttt_bench.experiments import EXPERIMENTS, sweeps
@@ -20,6 +21,7 @@ from ttt_bench.experiments.recall import best_lrs
 from ttt_bench.experiments.scaling import lower_hull_index
 from ttt_bench.experiments.table1 import table1_markdown
 from ttt_bench.io import write_json
+from ttt_bench.machine import hardware
 
 MODELS = ("transformer", "linear_attention", "ttt_linear", "ttt_mlp", "mamba")
 TINY = [  # a run of two steps on a small synthetic corpus
@@ -620,3 +622,46 @@ def test_a_step_says_when_it_starts_with_its_own_estimate_and_when_it_ends(tmp_p
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0] == "step latency: started" and lines[1].startswith("step latency: done in ")
     assert lines[2].startswith("step latency: started (it took 0.0 min when ") and "last written" in lines[2]
+
+
+def test_the_gpu_profile_runs_the_long_context_grid_and_leaves_out_sweeps_without_one(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """PROFILE=gpu (one lent GPU, minutes): scaling at 34,816 bytes (8.5k stand-in tokens) with TTT-Linear (M)
+    matched in FLOPs to Mamba and TF finetune at the Transformer's own size; a sweep without a gpu profile is
+    left out (named in --steps: a one-line error); without CUDA a training step is refused."""
+    from ttt_bench import reproduce
+
+    plan = EXPERIMENTS["scaling"].plan("gpu", "/data")
+    assert {r.config for r in plan.values()} == {
+        "books-transformer-s-T1024", "books-transformer-s-T34816", "books-ttt_linear_m-s-T34816",
+        "books-mamba-s-T34816", "books-tf_finetune-s-T34816"}
+    assert len(plan) == 5 * 3 and all("trainer=gpu" in r.overrides for r in plan.values())
+    ttt, ft = plan["books-ttt_linear_m-s-T34816-s0"], plan["books-tf_finetune-s-T34816-s0"]
+    assert ttt.info["matched"] == "width" and abs(ttt.info["flops_ratio"] - 1) < 0.1
+    assert "matched" not in ft.info and ft.after == "books-transformer-s-T1024-s0"
+    assert "data.micro_batch_size=2" in ttt.overrides  # two 34,816-byte sequences a step
+    assert EXPERIMENTS["scaling"].left_out("gpu") is None
+    assert "defines no gpu profile" in EXPERIMENTS["table1"].left_out("gpu")
+    args = ["--profile", "gpu", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
+    with pytest.raises(SystemExit) as e:
+        reproduce.main([*args, "--steps", "table1"])
+    assert e.value.code == 2 and "table1: conf/sweep/ defines no gpu profile" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main([*args, "--steps", "scaling"])
+    assert e.value.code == 2
+    assert "the gpu profile trains on a CUDA GPU and none is visible here" in capsys.readouterr().err
+
+
+def test_step_json_names_the_machines_its_runs_trained_on(tmp_path):
+    """A step tabulated on another machine (--no-train after a GPU lease) keeps where its runs trained: the
+    `hardware` of their metrics, beside the tabulating machine's."""
+    from ttt_bench.experiments.engine.report import Step
+
+    step = Step(tmp_path, "scaling", "ttt-bench ablate scaling --profile gpu")
+    registry = pd.DataFrame({"status": ["finished"] * 3, "wall_time_s": [1.0, 2.0, 3.0],
+                             "hardware": ["x86_64 CPU, 16 cores, NVIDIA H200"] * 2 + [None]})
+    step.done(registry)
+    meta = json.loads((tmp_path / "scaling" / "step.json").read_text())
+    assert meta["trained_on"] == ["x86_64 CPU, 16 cores, NVIDIA H200"] and meta["trained_s"] == 6.0
+    assert meta["hardware"] == hardware()

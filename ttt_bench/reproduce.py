@@ -1,4 +1,4 @@
-"""`make reproduce [PROFILE=quick|cpu|smoke|paper] [DATA_DIR=...]`: every experiment into results/.
+"""`make reproduce [PROFILE=quick|cpu|gpu|smoke|paper] [DATA_DIR=...]`: every experiment into results/.
 
 Each experiment is a step (ttt_bench/experiments/, in EXPERIMENTS order) that writes its own folder
 `<out>/<profile>/<step>/` when it finishes (registry with every seed, n-gram floors, tables, figures,
@@ -6,7 +6,8 @@ Each experiment is a step (ttt_bench/experiments/, in EXPERIMENTS order) that wr
 `REPORT.md` is then assembled from every step folder present, judged by the experiments' claims. Runs (with
 checkpoints) go to $TTT_BENCH_RUNS/reproduce-<profile>; re-running resumes and skips finished runs.
 `--report-only` redraws every step's tables and figures from its folder and assembles the report, training
-nothing. PROFILE=paper without a GPU prints the plan and its GPU budget and stops.
+nothing. PROFILE=paper without a GPU prints the plan and its GPU budget and stops; PROFILE=gpu (one GPU for
+minutes: the steps whose sweep defines it) refuses to train without one.
 """
 
 import argparse
@@ -19,7 +20,7 @@ import torch
 from .config import runs_root
 from .experiments import EXPERIMENTS, steps
 from .experiments.engine.cost import ASSUMED_MFU, run_cost
-from .experiments.engine.plan import composed
+from .experiments.engine.plan import PROFILES, composed
 from .experiments.engine.report import StepContext, update_readme, write_report
 from .experiments.engine.runner import Progress, Stage
 
@@ -71,7 +72,7 @@ def output_dir(results: Path, profile: str, data_dir: str | None) -> Path:
 def main(argv: list[str] | None = None) -> None:
     all_steps = steps()
     p = argparse.ArgumentParser(prog="python -m ttt_bench.reproduce", description=__doc__.splitlines()[0])
-    p.add_argument("--profile", choices=("smoke", "quick", "cpu", "paper"), default="quick")
+    p.add_argument("--profile", choices=PROFILES, default="quick")
     p.add_argument("--data-dir", help="folder with pile-mini/ and books-mini/ (default: synthetic data)")
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default results/)")
     p.add_argument("--runs", type=Path, help="run folders (default: $TTT_BENCH_RUNS/reproduce-PROFILE)")
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
     left_out = {name: why for name in chosen if (why := EXPERIMENTS[name].left_out(a.profile))}
     if a.steps == p.get_default("steps"):
         chosen = [name for name in chosen if name not in left_out]
+    elif undefined := [name for name in chosen if not EXPERIMENTS[name].defines(a.profile)]:
+        p.error(f"{', '.join(undefined)}: conf/sweep/ defines no {a.profile} profile for it; steps that have "
+                f"one: {','.join(n for n in all_steps if EXPERIMENTS[n].defines(a.profile))}")
     else:  # named: it runs, and its claims stay "not tested" in this profile's report
         for name, why in left_out.items():
             logging.warning("%s is not a step of the %s profile (%s); running it because --steps names it",
@@ -102,6 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     if a.profile == "paper" and not torch.cuda.is_available():
         print_paper_plan(a.data_dir)
         return
+    trains = any(EXPERIMENTS[name].trains for name in chosen) and not (a.report_only or a.no_train)
+    if a.profile == "gpu" and trains and not torch.cuda.is_available():
+        p.exit(2, "the gpu profile trains on a CUDA GPU and none is visible here; run it on a GPU machine, "
+                  "or use --profile cpu\n")
     out = output_dir(a.out, a.profile, a.data_dir)
     make = f"make reproduce PROFILE={a.profile}" + (f" DATA_DIR={a.data_dir}" if a.data_dir else "")
     experiments = list(EXPERIMENTS.values())

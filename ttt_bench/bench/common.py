@@ -3,7 +3,6 @@ matmul ceiling for MFU, and models built from their configs."""
 
 import argparse
 import os
-import platform
 import statistics
 import threading
 import time
@@ -15,15 +14,6 @@ import torch
 from ttt_bench.allocator import release_free_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def hardware() -> str:
-    """One line for results files: CPU, cores, torch and its threads, GPU."""
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (
-        f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__} with "
-        f"{torch.get_num_threads()} threads, {gpu}"
-    )
 
 
 def load_average() -> float:

@@ -109,8 +109,10 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
     size, T, base = p["sizes"][-1], p.get("matched_context", p["books"][-1]), p["finetune_base"]
     suffix = "" if p.get("matched_in_grid") else "-matched"
     ref_name = config_name("books", m["reference"], size, T)
-    reference, _ = composed_model(runs[ref_name].overrides)
-    for key, by in m["methods"].items():
+    keys = p.get("matched_methods", list(m["methods"]))  # a profile may match a subset
+    reference = composed_model(runs[ref_name].overrides)[0] if keys else None
+    for key in keys:
+        by = m["methods"][key]
         if key == "tf_finetune":
             model, _ = composed_model(runs[config_name("books", ft["from"], size, base)].overrides)
             new, ratio = match_flops(model, reference, T, vocab_size, by=by,
@@ -281,12 +283,16 @@ def read_token_index(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def token_index_figure(reg: pd.DataFrame, curves: pd.DataFrame, window: int = 8, floors: dict | None = None):
+def token_index_figure(reg: pd.DataFrame, curves: pd.DataFrame, window: int | None = None,
+                       floors: dict | None = None):
     """The loss by token index of the matched-FLOPs runs and their reference (`token_index_runs`), from
-    their `curves` (run, token_index, loss), mean and spread over seeds."""
+    their `curves` (run, token_index, loss), mean and spread over seeds, averaged over windows of `window`
+    tokens (default: 8, or T/128 at longer contexts, which a few validation windows leave noisy)."""
     chosen = token_index_runs(reg)
     if chosen.empty or chosen["matched"].isna().all():
         raise ValueError("no finished matched-FLOPs runs in the registry")
+    T = int(chosen["seq_len"].iloc[0])
+    window = window or max(8, T // 128)
     fig, ax = P.plt.subplots(figsize=(6.2, 4.8), layout="constrained")
     ns = []
     configs = list(dict.fromkeys(chosen["config"]))
@@ -311,7 +317,6 @@ def token_index_figure(reg: pd.DataFrame, curves: pd.DataFrame, window: int = 8,
         raise ValueError("no token-index losses of the matched-FLOPs runs (their token_index.csv)")
     role = P.role_of(chosen)
     P.draw_floors(ax, P.floors_for(floors, role))
-    T = int(chosen["seq_len"].iloc[0])
     band = "" if max(ns) == 1 else ", band: ± std"
     ax.set(
         xscale="log",
@@ -353,7 +358,8 @@ def at_long_context(r, T: int | None, v: Verdict) -> Verdict:
     if tokens is not None and tokens < LONG_CONTEXT_TOKENS:
         return Verdict(NOT_TESTED, f"the longest context run is {text}, below the paper's long contexts "
                                    f"({LONG_CONTEXT_TOKENS:,} and 32k tokens; why: docs/ttt_layer.md, "
-                                   f"'Long context on 2 cores') ({v.sentence})", v.numbers)
+                                   f"'Long context on 2 cores'; PROFILE=gpu trains 8.5k tokens) "
+                                   f"({v.sentence})", v.numbers)
     return v
 
 

@@ -30,6 +30,7 @@ from ..config import task_name
 from ..errors import UserError
 from ..flops import flops_per_token, train_flops
 from ..io import write_json
+from ..machine import hardware
 from ..vision.flops import count_flops
 from .callbacks import LossLog, RunCSVLogger, StepCheckpoint, StepProgressBar, StepTimer, StopOnSignal
 from .checkpoint import AtomicCheckpointIO, find_resume_checkpoint, read_checkpoint
@@ -349,6 +350,7 @@ def run_summary(cfg: DictConfig, run: dict) -> dict:
         f"{unit}_per_s": round(module.tokens_seen / max(wall, 1e-9), 1),
         f"steady_{unit}_per_s": None if steady is None else round(steady, 1),
         "steady_steps": timer.timed_steps,
+        "hardware": hardware(),
     }
 
 

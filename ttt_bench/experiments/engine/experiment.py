@@ -72,7 +72,15 @@ class Experiment:
     def left_out(self, profile: str) -> str | None:
         """Why the experiment is not a step of this profile (its sweep's `left_out`: profile -> reason), or
         None when it is. Its claims are then "not tested", with that reason."""
-        return (self.sweep.get("left_out") or {}).get(profile) if self.trains else None
+        if not self.trains:
+            return None
+        if not self.defines(profile):
+            return f"conf/sweep/{self.name}.yaml defines no {profile} profile"
+        return (self.sweep.get("left_out") or {}).get(profile)
+
+    def defines(self, profile: str) -> bool:
+        """Whether the sweep has settings for this profile (a step without a sweep runs in every profile)."""
+        return not self.trains or profile in self.sweep["profiles"]
 
     def configurations(self, profile: str, data_dir: str | None, **options) -> list[Run]:
         """The sweep's configurations (seed 0, before `expand`)."""

@@ -17,7 +17,7 @@ import yaml
 from ...config import compose
 from ...errors import UserError
 
-PROFILES = ("smoke", "quick", "cpu", "paper")
+PROFILES = ("smoke", "quick", "cpu", "gpu", "paper")  # gpu: one GPU for minutes (a lent H100/H200)
 SEEDLESS = ("seed=", "trainer.enable_progress_bar=")  # overrides that change neither a run's model nor cost
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...bench.common import hardware
 from ...io import write_atomic, write_json
+from ...machine import hardware
 from .registry import load_csv
 from .runner import Progress
 from .verdicts import STATUSES, judge_all
@@ -92,9 +92,18 @@ class Step:
             "wall_time_s": round(time.perf_counter() - self.start, 1),
             "trained_s": trained,
             "tabulated_only": not self.trains,
+            **trained_on(registry),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             **info,
         })
+
+
+def trained_on(registry: pd.DataFrame | None) -> dict:
+    """The machines the registry's runs trained on (their metrics' `hardware`), where they recorded it: a step
+    tabulated on another machine (`--no-train`) still says where its numbers come from."""
+    if registry is None or "hardware" not in registry:
+        return {}
+    return {"trained_on": sorted(registry["hardware"].dropna().astype(str).unique())}
 
 
 @dataclass
