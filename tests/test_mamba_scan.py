@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ttt_bench.models.mamba import scan_cpu
-from ttt_bench.models.mamba.scan import selective_scan
+from ttt_bench.models.mamba.scan import default_chunk, selective_scan
 from ttt_bench.models.mamba.scan_ref import selective_scan_ref
 
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
@@ -124,3 +124,10 @@ def test_kernel_build_failure_leaves_the_pytorch_scan(monkeypatch, tmp_path, cap
     monkeypatch.setattr(scan_cpu, "available", lambda: False)
     x = {k: v.detach() for k, v in _inputs(1, 9, 3, 4, seed=2).items()}
     torch.testing.assert_close(selective_scan(**x), selective_scan_ref(**x))
+
+
+def test_default_chunk_is_8_tokens_on_a_cpu_and_about_sqrt_l_on_a_gpu():
+    """On a GPU each loop step is a kernel launch: 8-token chunks at 34,816 tokens took 7x the time of
+    ~sqrt(L) on an H200 (results/gpu/RUN.md); on a CPU 8 measured fastest (docs/mamba.md)."""
+    assert default_chunk(34816, cuda=False) == 8 and default_chunk(34816, cuda=True) == 186
+    assert default_chunk(40, cuda=True) == 8  # short sequences keep the CPU's chunk

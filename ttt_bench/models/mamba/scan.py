@@ -42,6 +42,13 @@ from . import scan_cpu
 DEFAULT_CHUNK = 8
 
 
+def default_chunk(l: int, cuda: bool) -> int:
+    """Tokens per chunk for a sequence of l tokens: DEFAULT_CHUNK on a CPU; about sqrt(l) on a GPU, where
+    each loop step is a kernel launch and the 2 sqrt(l) + l/Q steps are the cost (an H200 at l = 34,816,
+    scan fwd+bwd: 330 ms at 8 tokens, 165 at 16, 56 at 64, 45 at 256, 133 at 1,024; results/gpu/RUN.md)."""
+    return max(DEFAULT_CHUNK, math.isqrt(l)) if cuda else DEFAULT_CHUNK
+
+
 def _chunked(x: torch.Tensor, q: int) -> torch.Tensor:
     """[b, l, k] -> [q, nc, b, k], zero-padded to nc * q tokens, position t = c * q + i at [i, c]."""
     b, l, k = x.shape
@@ -134,7 +141,7 @@ class _SelectiveScan(torch.autograd.Function):
         l = u.shape[1]
         pre = delta if delta_bias is None else delta + delta_bias
         delta = F.softplus(pre) if softplus else pre
-        q = max(1, min(chunk_size or DEFAULT_CHUNK, l))
+        q = max(1, min(chunk_size or default_chunk(l, u.is_cuda), l))
         dt, du, Bc, Cc = _chunked(delta, q), _chunked(delta * u, q), _chunked(B, q), _chunked(C, q)
         y, h_last, a, h_in = _scan_forward(dt, du, A, Bc, Cc, h0)
         y = _unchunked(y, l)  # a copy: the in-place ops below are safe
@@ -192,7 +199,7 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
 
     u, delta, z: [b, l, d]; A: [d, n]; B, C: [b, l, n]; D, delta_bias: [d]; initial_state: [b, d, n].
     kernel: the C++ kernel of scan_cpu.py (None: where available, see `use_kernel`) or the chunked PyTorch
-    scan (False), whose chunk_size is the tokens per chunk (default DEFAULT_CHUNK). Returns y [b, l, d] (and
+    scan (False), whose chunk_size is the tokens per chunk (default `default_chunk`). Returns y [b, l, d] (and
     the last state [b, d, n] with return_last_state). Computes in float32 (float64 for float64 inputs),
     returns u's dtype.
     """
