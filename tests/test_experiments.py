@@ -665,3 +665,12 @@ def test_step_json_names_the_machines_its_runs_trained_on(tmp_path):
     meta = json.loads((tmp_path / "scaling" / "step.json").read_text())
     assert meta["trained_on"] == ["x86_64 CPU, 16 cores, NVIDIA H200"] and meta["trained_s"] == 6.0
     assert meta["hardware"] == hardware()
+
+
+def test_a_claim_whose_method_the_profile_leaves_out_is_not_tested():
+    """The gpu profile trains no TTT-MLP: its long-context claim is "not tested" with the reason, while the
+    claims of steps the profile leaves out are not tested because of that."""
+    scaling, table1 = EXPERIMENTS["scaling"], EXPERIMENTS["table1"]
+    assert set(scaling.untested("gpu")) == {"scaling.ttt_mlp"} and scaling.untested("cpu") == {}
+    assert "books_methods leave TTT-MLP (M) out" in scaling.untested("gpu")["scaling.ttt_mlp"]
+    assert set(table1.untested("gpu")) == {c.id for c in table1.claims}

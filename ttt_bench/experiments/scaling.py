@@ -462,6 +462,15 @@ class Scaling(Experiment):
         keys = ["role", "size", "seq_len", "label", "matched"]
         write_atomic(folder / "scaling.md", summary_table(reg, keys, floors))
 
+    def untested(self, profile: str) -> dict[str, str]:
+        """A profile whose Books methods leave TTT-MLP (M) out does not test its claim."""
+        out = super().untested(profile)
+        methods = self.sweep["profiles"].get(profile, {}).get("books_methods", self.sweep["books"])
+        if "ttt_mlp_m" not in methods:
+            out.setdefault("scaling.ttt_mlp", "its books_methods leave TTT-MLP (M) out "
+                                              "(conf/sweep/scaling.yaml)")
+        return out
+
     @property
     def claims(self) -> list[Claim]:
         return [

@@ -78,6 +78,12 @@ class Experiment:
             return f"conf/sweep/{self.name}.yaml defines no {profile} profile"
         return (self.sweep.get("left_out") or {}).get(profile)
 
+    def untested(self, profile: str) -> dict[str, str]:
+        """The claims this profile does not test, by id, with the reason (every claim of a step it leaves
+        out); their verdict is "not tested"."""
+        why = self.left_out(profile)
+        return {c.id: why for c in self.claims} if why else {}
+
     def defines(self, profile: str) -> bool:
         """Whether the sweep has settings for this profile (a step without a sweep runs in every profile)."""
         return not self.trains or profile in self.sweep["profiles"]

@@ -160,8 +160,8 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
     then each experiment's section."""
     results = Results(out, [e.name for e in experiments])
     claims = [c for e in experiments for c in e.claims]
-    untested = {c.id: f"not tested in the {profile} profile: {why}" for e in experiments
-                if (why := e.left_out(profile)) for c in e.claims}
+    untested = {claim: f"not tested in the {profile} profile: {why}" for e in experiments
+                for claim, why in e.untested(profile).items()}
     verdicts = judge_all(claims, results, untested)
     write_atomic(out / "claims.csv", verdicts.to_csv(index=False))
     data = (
