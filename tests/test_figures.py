@@ -239,6 +239,12 @@ def test_scaling_and_context(tmp_path):
     plt.close(fig)
     _written(P.save(scaling.scaling_figure(reg, FLOORS), tmp_path / "scaling"))
     plt.close(scaling.scaling_figure(reg))  # no floors
+    # a panel per context draws its own context's floors (floors.csv has one set per role and context)
+    per_context = {("pile", 256): {"bigram": 11.0}, ("books", 128): {"bigram": 10.5},
+                   ("books", 512): {"bigram": 9.8}}
+    fig = scaling.scaling_figure(reg, panel_floors=per_context)
+    assert [_floor_lines(ax) for ax in fig.axes if ax.axison] == [[11.0], [10.5], [9.8]]
+    plt.close(fig)
 
     fig = scaling.context_figure(reg, FLOORS)
     (ax,) = fig.axes
@@ -329,6 +335,7 @@ def test_plot_cli_reads_the_sweeps_floors(tmp_path):
     pd.DataFrame(rows).to_csv(sweep / "floors.csv", index=False)
     assert read_drawn_floors(sweep)["pile"] == {"bigram": 11.9, "unigram": 28.1}  # the drawn ones
     assert read_drawn_floors(tmp_path) == {}
+    assert read_drawn_floors(sweep, by_context=True)[("books", 512)] == {"bigram": 10.3, "unigram": 24.5}
     plot.run(["token-index", str(sweep), "--out", str(tmp_path / "figs")])
     _written([tmp_path / "figs" / "token_index.png", tmp_path / "figs" / "token_index.pdf"])
 

@@ -140,7 +140,9 @@ def plan_scaling(sweep: dict, profile: str, data_dir: str | None, vocab_size: in
 
 # ---- figures ----
 
-def scaling_figure(reg: pd.DataFrame, floors: dict | None = None):
+def scaling_figure(reg: pd.DataFrame, floors: dict | None = None, panel_floors: dict | None = None):
+    """Perplexity against training FLOPs, a panel per (role, context), each with the floors of its own
+    validation text and context (`panel_floors`, by (role, context); else `floors`, by role)."""
     df = P.plotted_runs(reg)
     df = unmatched(df)
     roles = {r: i for i, r in enumerate(("pile", "books"))}
@@ -156,13 +158,15 @@ def scaling_figure(reg: pd.DataFrame, floors: dict | None = None):
         rows, cols, figsize=(4.6 * cols, 3.9 * rows + 0.8), squeeze=False, layout="constrained"
     )
     single: dict[str, list[bool]] = {}
+    drawn_names: list[str] = []
     for ax, (role, T) in zip(axes.flat, panels, strict=False):
         sub = agg[(agg["role"] == role) & (agg["seq_len"] == T)]
         for label, g in sub.groupby("label", sort=False):
             g = g.sort_values("total_train_flops")
             single.setdefault(label, []).append(len(g) == 1)
             P.errorbar(ax, g["total_train_flops"], g["val_ppl"], g["ppl_std"], label)
-        P.draw_floors(ax, P.floors_for(floors, role))
+        P.draw_floors(ax, here := (panel_floors or {}).get((role, T)) or P.floors_for(floors, role))
+        drawn_names.extend(here)
         ax.set(
             xscale="log",
             yscale="log",
@@ -186,8 +190,7 @@ def scaling_figure(reg: pd.DataFrame, floors: dict | None = None):
             if all(single.get(h.get_label(), [False])):
                 h.set_label(f"{h.get_label()} (single point)")
             handles.append(h)
-    names = [n for role, _ in panels for n in P.floors_for(floors, role)]
-    P.legend_below(fig, handles + P.floor_handles(names))
+    P.legend_below(fig, handles + P.floor_handles(drawn_names))
     note = P.seeds_note(agg["n_seeds"])
     fig.suptitle(
         "Perplexity vs training FLOPs, "
@@ -333,7 +336,8 @@ def token_index_figure(reg: pd.DataFrame, curves: pd.DataFrame, window: int | No
 
 
 def plot_scaling(inputs: list[Path], stem: Path) -> list[Path]:
-    return P.save(scaling_figure(read_registry(inputs[0]), read_drawn_floors(inputs[0])), stem)
+    return P.save(scaling_figure(read_registry(inputs[0]), panel_floors=read_drawn_floors(inputs[0], True)),
+                  stem)
 
 
 def plot_context(inputs: list[Path], stem: Path) -> list[Path]:
@@ -450,7 +454,8 @@ class Scaling(Experiment):
         if reg is None:
             return
         drawn_at, curves = drawn_floors(floors), read_csv(folder, "token_index.csv")
-        drawn("scaling", lambda: P.save(scaling_figure(reg, drawn_at), folder / "scaling"))
+        drawn("scaling", lambda: P.save(scaling_figure(reg, panel_floors=drawn_floors(floors, True)),
+                                        folder / "scaling"))
         drawn("context", lambda: P.save(context_figure(reg, drawn_at), folder / "context"))
 
         def token_index():

@@ -3,8 +3,8 @@ validation text each run is judged on (ttt_bench/ngram.py), per corpus role and 
 
 `floors.csv` (role, corpus, seq_len, floor, val_ppl) is written beside every sweep; tables list the floors
 and mark the runs that do not beat the 3-gram one (`undertrained`: a model that has not learned its text's
-3-gram statistics says nothing about a claim); figures draw DRAWN_FLOORS at each role's longest context
-(`drawn_floors`).
+3-gram statistics says nothing about a claim); figures draw DRAWN_FLOORS at each role's longest context,
+or at each panel's own (`drawn_floors`).
 """
 
 import json
@@ -39,11 +39,16 @@ def text_floors(runs: dict, configs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def drawn_floors(floors: pd.DataFrame | None) -> dict:
+def drawn_floors(floors: pd.DataFrame | None, by_context: bool = False) -> dict:
     """role -> {floor: perplexity} of DRAWN_FLOORS at each role's longest context, floors in name order
-    (what the figures draw)."""
+    (what the figures draw); by_context: (role, context) -> the same at every context (a panel per context
+    draws its own)."""
     if floors is None or floors.empty:
         return {}
+    if by_context:
+        drawn = floors[floors["floor"].isin(DRAWN_FLOORS)]
+        return {(r, int(t)): dict(sorted(zip(g["floor"], g["val_ppl"].astype(float), strict=True)))
+                for (r, t), g in drawn.groupby(["role", "seq_len"])}
     longest = floors[
         (floors["seq_len"] == floors.groupby("role")["seq_len"].transform("max"))
         & floors["floor"].isin(DRAWN_FLOORS)
@@ -76,7 +81,7 @@ def undertrained(runs: pd.DataFrame, floors: pd.DataFrame | None) -> list[str]:
     return out
 
 
-def read_drawn_floors(src) -> dict:
+def read_drawn_floors(src, by_context: bool = False) -> dict:
     """The floors a sweep folder (or the folder of a registry CSV) holds, as the figures draw them."""
     path = (Path(src) if Path(src).is_dir() else Path(src).parent) / "floors.csv"
-    return drawn_floors(pd.read_csv(path)) if path.is_file() else {}
+    return drawn_floors(pd.read_csv(path), by_context) if path.is_file() else {}
