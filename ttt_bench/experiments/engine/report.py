@@ -235,8 +235,13 @@ def section(e, out: Path, verdicts: pd.DataFrame, make: str, profile: str) -> li
     trained = f"; its runs trained for {meta['trained_s'] / 60:.1f} min" if meta.get("trained_s") else ""
     wall = ("Tabulated with `--no-train` from runs trained by other processes"
             if meta.get("tabulated_only") else f"Wall time {meta['wall_time_s'] / 60:.1f} min")
+    machine = f"Hardware: {meta['hardware']}"
+    if meta.get("tabulated_only"):  # the runs may have trained elsewhere (a GPU lease)
+        where = ("; ".join(meta["trained_on"]) if meta.get("trained_on")
+                 else "not recorded in them (they predate it; see RUN.md beside this report)")
+        machine = f"Tabulated on: {meta['hardware']}; its runs' machines: {where}"
     parts.append(
-        f"\n**Command.** `{meta['command']}` ({make}). Hardware: {meta['hardware']}. "
+        f"\n**Command.** `{meta['command']}` ({make}). {machine}. "
         f"{wall}{trained}; finished {meta['finished']}.\n"
     )
     return parts
