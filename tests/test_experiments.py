@@ -674,3 +674,5 @@ def test_a_claim_whose_method_the_profile_leaves_out_is_not_tested():
     assert set(scaling.untested("gpu")) == {"scaling.ttt_mlp"} and scaling.untested("cpu") == {}
     assert "books_methods leave TTT-MLP (M) out" in scaling.untested("gpu")["scaling.ttt_mlp"]
     assert set(table1.untested("gpu")) == {c.id for c in table1.claims}
+    latency = EXPERIMENTS["latency"]  # no benchmark in the gpu profile: the GPU campaign measures latency
+    assert latency.untested("cpu") == {} and "make gpu-campaign" in latency.untested("gpu")["latency.prefill"]
