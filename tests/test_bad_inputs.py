@@ -315,6 +315,8 @@ def test_ablate_data_dir_and_launcher_overrides(capsys, tmp_path):
     err = cli_error(capsys, tmp_path, "ablate", "table1", "--profile", "smoke", "--data-dir",
                     str(tmp_path / "missing"), "--out", str(tmp_path / "runs" / "sweep"))
     assert f"--data-dir {tmp_path / 'missing'} is not a folder" in err
+    err = cli_error(capsys, tmp_path, "ablate", "table1", "--profile", "gpu", "--plan")
+    assert "conf/sweep/table1.yaml defines no gpu profile; use one of smoke, quick, cpu, paper" in err
     # README: launcher overrides after the options (parsed intermixed; --plan runs nothing)
     main(["ablate", "minibatch", "--profile", "smoke", "--plan", "hydra/launcher=joblib",
           "hydra.launcher.n_jobs=2"])

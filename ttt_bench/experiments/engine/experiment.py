@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ...errors import UserError
 from .plan import Run, check_profile, expand, load_sweep, merge
 from .registry import load_csv
 from .report import Step, StepContext
@@ -98,6 +99,9 @@ class Experiment:
         of the user's, e.g. trainer.max_steps=2 for a trial) applied to every run, where they become part of
         its identity. `options` go to the planner."""
         check_profile(profile)
+        if not self.defines(profile):
+            raise UserError(f"conf/sweep/{self.name}.yaml defines no {profile} profile; use one of "
+                            f"{', '.join(self.sweep['profiles'])}")
         configs = self.configurations(profile, data_dir, **options)
         runs = expand(configs, self.seeds(profile), self.sweep.get("data"), data_dir)
         for run in runs.values():
