@@ -676,3 +676,14 @@ def test_a_claim_whose_method_the_profile_leaves_out_is_not_tested():
     assert set(table1.untested("gpu")) == {c.id for c in table1.claims}
     latency = EXPERIMENTS["latency"]  # no benchmark in the gpu profile: the GPU campaign measures latency
     assert latency.untested("cpu") == {} and "make gpu-campaign" in latency.untested("gpu")["latency.prefill"]
+
+
+def test_a_sweep_whose_runs_all_failed_tabulates_as_not_run(tmp_path):
+    """A registry with no finished run has no metric columns: its table says "not run yet" (ablate on a
+    machine that cannot train them exited with a KeyError)."""
+    from ttt_bench.experiments.engine.tables import by_config
+
+    reg = pd.DataFrame({"run": ["a-s0", "a-s1"], "config": ["a", "a"], "status": ["failed", "failed"],
+                        "error": ["UserError: needs a CUDA GPU"] * 2})
+    row = by_config(reg).iloc[0]
+    assert row["seeds"] == 0 and row["not_finished"] == 2 and pd.isna(row["ppl_mean"])

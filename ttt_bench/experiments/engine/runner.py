@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...config import CONFIG_MODULE
-from ...errors import Interrupted
+from ...errors import Interrupted, UserError
 from ...io import write_atomic, write_json
 from ...training.run_folder import RunFolderInUse, in_use
 from ...training.runs import fraction_trained
@@ -201,6 +201,9 @@ def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
         log.info("run %s is being trained by another process; skipped here", name)
     except Interrupted as e:  # Ctrl-C / SIGTERM: the sweep stops (the run resumes from its checkpoint); not
         raise KeyboardInterrupt(str(e)) from e  # an Exception, after which Hydra's launchers would go on
+    except UserError as e:  # the run's settings or machine: its one line says what to fix
+        log.error("run %s failed: %s", name, e)
+        record_failure(run_dir, failure_line(e))
     except Exception as e:  # noqa: BLE001  (a failed run is data, not the end of the sweep)
         log.exception("run %s failed", name)
         record_failure(run_dir, failure_line(e))

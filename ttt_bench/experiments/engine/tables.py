@@ -16,7 +16,8 @@ def by_config(reg: pd.DataFrame, means: tuple[str, ...] = ()) -> pd.DataFrame:
     df = reg.copy()
     if "config" not in df:
         df["config"] = df["run"]
-    df["val_ppl"] = pd.to_numeric(df["val_ppl"], errors="coerce").where(df["status"] == "finished")
+    ppl = df["val_ppl"] if "val_ppl" in df else pd.Series(float("nan"), index=df.index)  # none finished
+    df["val_ppl"] = pd.to_numeric(ppl, errors="coerce").where(df["status"] == "finished")
     grouped = df.groupby("config", sort=False)
     out = grouped.first()
     out["ppl_mean"], out["ppl_std"] = grouped["val_ppl"].mean(), grouped["val_ppl"].std()
