@@ -90,8 +90,14 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
     """Every stage's runs (with the user's training `overrides`) as they will run, with their budget, FLOPs
     and estimated time: minutes on the reference CPU as measured there (engine.cost.Throughput), or
     A100-hours for GPU runs (the paper profile)."""
-    from ttt_bench.experiments.engine.cost import A100_BF16_FLOPS, ASSUMED_MFU, Throughput, run_cost
-    from ttt_bench.experiments.engine.plan import composed
+    from ttt_bench.experiments.engine.cost import (
+        A100_BF16_FLOPS,
+        ASSUMED_MFU,
+        RESULTS_GPU,
+        Throughput,
+        run_cost,
+    )
+    from ttt_bench.experiments.engine.plan import composed, identity
     from ttt_bench.experiments.engine.runner import launcher_jobs
 
     stages = experiment.stages(profile, data_dir, overrides)
@@ -100,8 +106,9 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
     if data_dir is None and synthetic:
         print("# data: the embedded synthetic corpus (no --data-dir), whatever the run names say; pass "
               "--data-dir for the real corpora (e.g. ../shared/data)")
-    minutes = gpu_hours = flops = 0.0
+    minutes = gpu_hours = flops = gpu_minutes = 0.0
     measured, sources = Throughput.committed(), set()
+    measured_gpu, gpu_runs, gpu_measured = Throughput.committed(RESULTS_GPU), 0, 0
     for stage in stages:
         if len(stages) > 1:
             print(f"# {stage.folder}: {len(stage.runs)} runs")
@@ -111,8 +118,11 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
             on_gpu = cfg.trainer.accelerator in ("gpu", "cuda")
             flops += cost.train_flops
             if on_gpu:
-                gpu_hours += cost.gpu_hours
+                gpu_hours, gpu_runs = gpu_hours + cost.gpu_hours, gpu_runs + 1
                 when = f"~{cost.gpu_hours:.3g} A100-hours"
+                if (seconds := measured_gpu.seconds.get(" ".join(identity(run.overrides)))) is not None:
+                    gpu_minutes, gpu_measured = gpu_minutes + seconds / 60, gpu_measured + 1
+                    when += f"; {seconds / 60:.1f} min measured on a lent GPU"
             else:
                 run_minutes, source = measured.minutes(run.overrides, cfg.model.name, cost.train_flops)
                 minutes += run_minutes
@@ -125,6 +135,10 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
         hours = f"{gpu_hours:,.0f}" if gpu_hours >= 10 else f"{gpu_hours:.2g}"
         print(f"# GPU runs: ~{hours} A100-hours at {ASSUMED_MFU:.0%} MFU of its "
               f"{A100_BF16_FLOPS / 1e12:.0f} bf16 TFLOP/s (an H100's bf16 peak is about 3x an A100's)")
+    if gpu_measured:
+        print(f"# {gpu_measured} of the {gpu_runs} GPU runs trained before (results/gpu/*/registry.csv, "
+              f"RUN.md): {gpu_minutes:.0f} run-minutes, several at once; small models at long context are "
+              "bound by their scans, not FLOPs, so the A100-hours above are a lower bound")
     if minutes:
         jobs = launcher_jobs(launcher)
         how = " and ".join(sorted({"measured": "runs' measured times", "rate": "models' measured FLOP/s"}[k]

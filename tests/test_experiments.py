@@ -487,6 +487,25 @@ def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsy
     assert "# CPU runs: ~" in capsys.readouterr().out
 
 
+def test_gpu_plans_say_which_runs_a_lent_gpu_trained_and_how_long_they_took(tmp_path, capsys, monkeypatch):
+    """The gpu profile's plan adds the measured minutes of runs a committed results/gpu registry holds (small
+    models at long context are bound by their scans: the A100-hours from FLOPs are a lower bound)."""
+    from ttt_bench.cli.main import main
+
+    from ttt_bench.experiments.engine import cost
+
+    run = EXPERIMENTS["scaling"].plan("gpu")["books-ttt_linear_m-s-T34816-s0"]
+    (tmp_path / "scaling").mkdir()
+    pd.DataFrame([{"run": run.name, "status": "finished", "model": "ttt_linear", "train_flops": 1e14,
+                   "wall_time_s": 90.0, "overrides": " ".join(run.overrides)}]).to_csv(
+        tmp_path / "scaling" / "registry.csv", index=False)
+    monkeypatch.setattr(cost, "RESULTS_GPU", tmp_path)
+    main(["ablate", "scaling", "--profile", "gpu", "--plan"])
+    out = capsys.readouterr().out
+    assert "A100-hours; 1.5 min measured on a lent GPU]" in out
+    assert "# 1 of the 15 GPU runs trained before (results/gpu/*/registry.csv, RUN.md): 2 run-minutes" in out
+
+
 def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_path, capsys, shared_data):
     """Issue 35, point 7: a planned run that a committed registry holds (the same overrides) is priced at its
     measured time; another at its model's measured FLOP/s (its runs' FLOPs over their seconds); a model no

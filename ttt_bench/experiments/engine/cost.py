@@ -24,6 +24,7 @@ from .plan import identity
 # measured runs, two at once on the 2-core reference machine (results/cpu/*/registry.csv: 9-40 GFLOP/s).
 CPU_TRAIN_FLOPS = 15e9
 RESULTS_CPU = Path(__file__).resolve().parents[3] / "results" / "cpu"
+RESULTS_GPU = RESULTS_CPU.parent / "gpu"  # the gpu profile's runs on a lent GPU (results/gpu/RUN.md)
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4
 LLAMA_VOCAB = 32000  # the paper's tokenizer (data.tokenizer.name of the paper profile)
 
@@ -86,9 +87,10 @@ def run_cost(cfg) -> Cost:
 
 @dataclass(frozen=True)
 class Throughput:
-    """The reference CPU's measured training speed, from the committed cpu registries: every finished run's
-    seconds by its overrides, and each model's FLOP/s (its runs' FLOPs over their seconds), all measured two
-    runs at once (`JOBS=2`, one thread each) on the 2-core machine of results/cpu/RUN.md."""
+    """Measured training speed from a folder's committed registries: every finished run's seconds by its
+    overrides, and each model's FLOP/s (its runs' FLOPs over their seconds). results/cpu: two runs at once
+    (`JOBS=2`, one thread each) on the 2-core machine of results/cpu/RUN.md; results/gpu: the gpu profile's
+    runs on a lent GPU, several at once (results/gpu/RUN.md)."""
 
     seconds: dict[str, float]  # a run's identity (plan.identity, space-joined) -> seconds
     rates: dict[str, float]  # model name -> FLOP/s
