@@ -97,12 +97,12 @@ class Latency(Experiment):
     )
 
     def untested(self, profile: str) -> dict[str, str]:
-        """A profile without a benchmark (the gpu profile: the GPU campaign measures latency) does not test
+        """A profile without a benchmark (smoke; gpu, where the GPU campaign measures latency) does not test
         the claim."""
         if profile in PROFILES:
             return {}
-        return {c.id: "no latency benchmark in this profile (on a GPU: `make gpu-campaign`, results/gpu/"
-                      "SUMMARY.md)" for c in self.claims}
+        return {c.id: "no latency benchmark in this profile (`make gpu-campaign` measures it on a GPU: "
+                      "results/gpu/SUMMARY.md)" for c in self.claims}
 
     def run_step(self, ctx) -> None:
         """The benchmark in a process of its own, into the step folder."""
