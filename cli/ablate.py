@@ -97,7 +97,7 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
         Throughput,
         run_cost,
     )
-    from ttt_bench.experiments.engine.plan import composed, identity
+    from ttt_bench.experiments.engine.plan import composed
     from ttt_bench.experiments.engine.runner import launcher_jobs
 
     stages = experiment.stages(profile, data_dir, overrides)
@@ -120,7 +120,7 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
             if on_gpu:
                 gpu_hours, gpu_runs = gpu_hours + cost.gpu_hours, gpu_runs + 1
                 when = f"~{cost.gpu_hours:.3g} A100-hours"
-                if (seconds := measured_gpu.seconds.get(" ".join(identity(run.overrides)))) is not None:
+                if (seconds := measured_gpu.measured(run.overrides)) is not None:
                     gpu_minutes, gpu_measured = gpu_minutes + seconds / 60, gpu_measured + 1
                     when += f"; {seconds / 60:.1f} min measured on a lent GPU"
             else:

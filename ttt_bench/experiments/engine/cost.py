@@ -109,10 +109,14 @@ class Throughput:
         return cls(dict(zip(names, df["wall_time_s"], strict=True)),
                    (by_model["train_flops"] / by_model["wall_time_s"]).to_dict())
 
+    def measured(self, overrides: list[str]) -> float | None:
+        """The seconds the same run (its identity: overrides without paths) took, if a registry holds it."""
+        return self.seconds.get(" ".join(identity(overrides)))
+
     def minutes(self, overrides: list[str], model: str, train_flops: float) -> tuple[float, str]:
         """A run's minutes on the reference CPU (two at once) and where the number comes from: the same run's
         measured time, else its FLOPs at its model's measured rate, else at CPU_TRAIN_FLOPS."""
-        if (seconds := self.seconds.get(" ".join(identity(overrides)))) is not None:
+        if (seconds := self.measured(overrides)) is not None:
             return seconds / 60, "measured"
         rate = self.rates.get(model)
         return (train_flops / (rate or CPU_TRAIN_FLOPS) / 60,
