@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ttt_bench.config import REPO_ROOT
+from ttt_bench.config import REPO_ROOT, compose
 from ttt_bench.experiments import EXPERIMENTS, sweeps
 from ttt_bench.experiments.engine import runner
 from ttt_bench.experiments.engine.plan import configuration
@@ -258,7 +258,6 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     from omegaconf import OmegaConf
 
     from ttt_bench import reproduce
-    from ttt_bench.config import compose
     from ttt_bench.experiments.engine.cost import LLAMA_VOCAB
     from ttt_bench.flops import flops_per_token
     from ttt_bench.reproduce import paper_plan
@@ -670,6 +669,20 @@ def test_the_gpu_profile_runs_the_long_context_grid_and_leaves_out_sweeps_withou
         reproduce.main([*args, "--steps", "scaling"])
     assert e.value.code == 2
     assert "the gpu profile trains on a CUDA GPU and none is visible here" in capsys.readouterr().err
+
+
+def test_the_gpu_profile_trains_the_mttt_tables_past_the_linear_classifier_budget():
+    """The MTTT tables in the gpu profile: every row of each table, 5 paired seeds, 5 epochs of Fashion-MNIST
+    at 128 images a step on the GPU in fp32; the pixel table on all 784 pixels of the image."""
+    for step, rows, tokens in (("mttt_patches", 6, 16), ("mttt_ablation", 4, 16), ("mttt_pixels", 6, 784)):
+        experiment = EXPERIMENTS[step]
+        assert experiment.left_out("gpu") is None and experiment.untested("gpu") == {}
+        plan = experiment.plan("gpu", "/data")
+        assert len(plan) == rows * 5 and {r.seed for r in plan.values()} == set(range(5))
+        cfg = compose("train", next(iter(plan.values())).overrides)
+        assert cfg.trainer.accelerator == "gpu" and cfg.trainer.precision == "32-true"
+        assert cfg.recipe.total_images == 300000 and cfg.recipe.batch_size == 128
+        assert (cfg.data.image_size // cfg.data.patch_size) ** 2 == tokens
 
 
 def test_step_json_names_the_machines_its_runs_trained_on(tmp_path):
