@@ -334,8 +334,8 @@ def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
             for i, c in enumerate(CLAIMS)
         ]
     ).to_csv(out / "claims.csv", index=False)
-    (out / "recall").mkdir()  # a step the profile leaves out, run by itself (conf/sweep/recall.yaml)
-    (out / "recall" / "step.json").write_text((out / "table1" / "step.json").read_text())
+    (out / "mttt_pixels").mkdir()  # a step the profile leaves out, run by itself (its sweep yaml)
+    (out / "mttt_pixels" / "step.json").write_text((out / "table1" / "step.json").read_text())
     (out / "RUN.md").write_text("how the run went\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\nrest\n")
