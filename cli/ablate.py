@@ -25,6 +25,11 @@ def run(args: list[str]) -> None:
         "--plan", action="store_true", help="print the runs, their overrides and estimated time; run nothing"
     )
     p.add_argument(
+        "--replace", action="store_true",
+        help="runs in OUT made with other settings (a sweep refuses them) are moved aside to "
+        "OUT/replaced/<time>/ and trained again; nothing is ever deleted",
+    )
+    p.add_argument(
         "--scale", type=float, default=1.0, metavar="F",
         help="every run's training budget times F, for a trial (e.g. 0.1); part of each run's identity, "
         "and the default folder becomes SWEEP-PROFILE-xF",
@@ -50,22 +55,55 @@ def run(args: list[str]) -> None:
     if a.scale != 1:
         overrides.append(f"budget_scale={a.scale:g}")
     experiment = EXPERIMENTS[a.sweep]
-    if a.plan:
-        print_plan(experiment, a.profile, a.data_dir, overrides, launcher)
-        return
     folder = f"{a.sweep}-{a.profile}" + (f"-x{a.scale:g}" if a.scale != 1 else "")
     out = a.out or runs_root() / "sweeps" / folder
-    trained = experiment.train(a.profile, out, a.data_dir, launcher, overrides=overrides)
+    if a.plan:
+        print_plan(experiment, a.profile, a.data_dir, overrides, launcher)
+        print_folder(experiment, a.profile, a.data_dir, overrides, out, a.replace)
+        return
+    trained = experiment.train(a.profile, out, a.data_dir, launcher, overrides=overrides, replace=a.replace)
     for key, value in ((k, v) for k, v in trained.info.items() if v):  # what the sweep decided (recall: lrs)
         print(f"{key}: " + (", ".join(f"{m} {v:g}" for m, v in value.items()) if isinstance(value, dict)
                             else str(value)))
     df = trained.registry
+    failed = df[df["status"] == "failed"]
+    why = (f"; the first, {failed['run'].iloc[0]}: {failed['error'].iloc[0]} (its log: "
+           f"{Path(out) / failed['run'].iloc[0] / 'hydra'}/)" if len(failed) and "error" in failed else "")
+    if len(failed) == len(df):  # nothing to tabulate: say why instead of drawing empty tables
+        fail(f"all {len(df)} runs failed{why}; fix the cause and run the same command again")
     print_results(experiment, Path(out))
     counts = df["status"].value_counts().to_dict()
     print(f"{a.sweep}: {counts}; registry {Path(out) / 'registry.csv'}")
-    if counts.get("failed"):  # recorded and skipped by the sweep; the command still says it did not succeed
-        fail(f"{counts['failed']} of {len(df)} runs failed (see the registry's 'error' column); fix the "
-             "cause and run the same command again to train only those")
+    if len(failed):  # recorded and skipped by the sweep; the command still says it did not succeed
+        fail(f"{len(failed)} of {len(df)} runs failed (the registry's 'error' column){why}; fix the cause "
+             "and run the same command again to train only those")
+
+
+def print_folder(experiment, profile: str, data_dir: str | None, overrides: list[str], out: Path,
+                 replace: bool) -> None:
+    """What the sweep would do to the folder `out`: refuse it (another sweep's, in use), or refuse or move
+    aside the runs there made with other settings (engine/sweep_folder.py)."""
+    from ttt_bench.errors import UserError
+    from ttt_bench.experiments.engine.plan import composed
+    from ttt_bench.experiments.engine.sweep_folder import check_owner, conflicts, data_fingerprint, refusal
+
+    try:
+        check_owner(Path(out), experiment.name)
+    except UserError as e:
+        print(f"# folder: refused: {e}")
+        return
+    found = []
+    for stage in experiment.stages(profile, data_dir, overrides):
+        where = Path(out) / stage.folder.partition("/")[2] if "/" in stage.folder else Path(out)
+        prints = {n: data_fingerprint(composed(r.overrides)) for n, r in stage.runs.items()}
+        found += [(where, c) for c in conflicts(where, stage.runs, prints)]
+    if not found:
+        print(f"# folder {out}: no run there was made with other settings")
+    elif replace:
+        print(f"# folder {out}: {len(found)} runs made with other settings would be moved aside to "
+              f"{Path(out) / 'replaced'}/<time>/ and trained again: {', '.join(c.run for _, c in found)}")
+    else:
+        print(f"# folder: refused: {refusal(found[0][0], [c for _, c in found])}")
 
 
 def print_results(experiment, out: Path) -> None:

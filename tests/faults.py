@@ -8,6 +8,12 @@ at optimizer step STEP (1-based, the numbering of losses.csv):
 - WHERE=final_eval: during the validation after training (STEP unused);
 - WHERE=sigint: sends itself SIGINT (Ctrl-C) during step STEP, before the update (it does not die: training
   stops after the step, with its checkpoint).
+And `python -m tests.faults 0 WHERE sweep OUT` trains tests/test_sweep_folder.py's two-run sweep into OUT in a
+process that SIGKILLs itself:
+- WHERE=between_runs: after the first run finished, before the second starts;
+- WHERE=tabulation: while the sweep writes its curves (after both runs, before the registry);
+- WHERE=registry_write: halfway through writing registry.csv (through the production atomic write).
+(WHERE=step kills a sweep mid-run.)
 """
 
 import contextlib
@@ -73,10 +79,51 @@ def kill_during_final_eval(step: int) -> None:
     train.evaluate = killed
 
 
+def kill_between_runs(step: int) -> None:
+    from ttt_bench.experiments.engine import runner
+
+    run_one = runner.run_one
+
+    def then_die(run_dir):
+        run_one(run_dir)
+        kill_self()
+
+    runner.run_one = then_die
+
+
+def kill_during_tabulation(step: int) -> None:
+    from ttt_bench.experiments.engine import runner
+
+    runner.run_curves = lambda *a, **k: kill_self()
+
+
+def kill_during_registry_write(step: int) -> None:
+    from ttt_bench import io
+    from ttt_bench.experiments.engine import registry
+
+    def half_then_die(path, data, *args, **kwargs):
+        if Path(path).name != "registry.csv":
+            return io.write_atomic(path, data, *args, **kwargs)
+        with io.atomic_file(path, "w") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            kill_self()
+
+    registry.write_atomic = half_then_die
+
+
+def sweep(out: str) -> None:
+    from tests.test_sweep_folder import two_runs
+    from ttt_bench.experiments.engine.runner import Stage, train_stage
+
+    train_stage("table1", "smoke", Stage("t", two_runs()), Path(out))
+
+
 if __name__ == "__main__":
     step, where, *argv = sys.argv[1:]
     {"step": signal_during_step, "sigint": lambda s: signal_during_step(s, signal.SIGINT),
      "checkpoint_write": kill_during_checkpoint_write,
      "last_write": lambda s: kill_during_checkpoint_write(s, last=True),
-     "final_eval": kill_during_final_eval}[where](int(step))
-    main(argv)
+     "final_eval": kill_during_final_eval, "between_runs": kill_between_runs,
+     "tabulation": kill_during_tabulation, "registry_write": kill_during_registry_write}[where](int(step))
+    sweep(argv[1]) if argv[0] == "sweep" else main(argv)

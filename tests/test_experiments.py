@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ttt_bench.config import REPO_ROOT, compose
+from ttt_bench.errors import UserError
 from ttt_bench.experiments import EXPERIMENTS, sweeps
 from ttt_bench.experiments.engine import runner
 from ttt_bench.experiments.engine.plan import configuration
@@ -401,17 +402,18 @@ def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and
     assert b["transformer"] is None
 
 
-def test_a_run_in_use_by_another_sweep_process_is_skipped_and_left_alone(tmp_path):
-    """Two processes of one sweep share its runs: a run folder locked by the other process is skipped, with
-    nothing recorded in it (the other process finishes it and records it)."""
+def test_a_run_in_use_by_another_process_is_skipped_and_left_alone(tmp_path):
+    """A run folder that another process's `ttt-bench train` holds is skipped by the sweep's job, with nothing
+    recorded in it (that process finishes it and records it)."""
     from hydra import initialize_config_module
 
     from ttt_bench.training.run_folder import locked
 
     run_dir = tmp_path / "ok"
+    runner.write_run(run_dir, "ok", configuration("ok", [*TINY, "model=transformer"], "Transformer"), None,
+                     tmp_path / "progress.json")
     with locked(run_dir), initialize_config_module("ttt_bench.conf", version_base="1.3"):
-        runner.run_one("ok", configuration("ok", [*TINY, "model=transformer"], "Transformer"), run_dir,
-                       Progress(tmp_path / "progress.json"))
+        runner.run_one(run_dir)
     assert not (run_dir / "metrics.json").exists() and not run_finished(run_dir)
 
 
@@ -456,8 +458,9 @@ def test_a_step_tabulated_without_training_says_so_instead_of_a_wall_time(tmp_pa
 
 
 def test_a_sweep_folder_never_mixes_settings(tmp_path):
-    """A finished run planned again with other settings (another corpus, model or seed) is trained again,
-    not relabelled; a run whose settings differ only in paths (another machine's data folder) is kept."""
+    """A finished run planned again with other settings (another corpus, model or seed) is refused, not
+    relabelled or deleted (tests/test_sweep_folder.py); a run whose settings differ only in paths (another
+    machine's data folder, the same content) is kept."""
     tiny = [*TINY, "model=transformer"]
     first = {"a": configuration("a", [*tiny, "seed=1", "paths.data_dir=/here"], "a")}
     train_stage("table1", "smoke", Stage("t", first), tmp_path)
@@ -466,10 +469,9 @@ def test_a_sweep_folder_never_mixes_settings(tmp_path):
     train_stage("table1", "smoke", Stage("t", moved), tmp_path)
     assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns == kept
     other = {"a": configuration("a", [*tiny, "seed=2", "paths.data_dir=/here"], "a")}
-    reg = train_stage("table1", "smoke", Stage("t", other), tmp_path).registry
-    assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns != kept
-    assert "seed=2" in json.loads((tmp_path / "a" / "run.json").read_text())["overrides"]
-    assert set(reg["status"]) == {"finished"}
+    with pytest.raises(UserError, match="seed: 1 -> 2"):
+        train_stage("table1", "smoke", Stage("t", other), tmp_path)
+    assert (tmp_path / "a" / "metrics.json").stat().st_mtime_ns == kept
 
 
 def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsys):

@@ -12,16 +12,18 @@ minutes: the steps whose sweep defines it) refuses to train without one.
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from .config import runs_root
+from .errors import UserError
 from .experiments import EXPERIMENTS, steps
 from .experiments.engine.cost import ASSUMED_MFU, run_cost
 from .experiments.engine.plan import PROFILES, composed
-from .experiments.engine.report import StepContext, update_readme, write_report
+from .experiments.engine.report import StepContext, update_readme, write_combined_report, write_report
 from .experiments.engine.runner import Progress, Stage
 
 README_HEADLINE = ("table1", "table1.md",
@@ -84,7 +86,24 @@ def main(argv: list[str] | None = None) -> None:
                    help="redraw the steps' tables and figures from their folders and assemble REPORT.md")
     p.add_argument("--no-train", action="store_true",
                    help="write the steps' folders from the runs finished so far, training nothing")
+    p.add_argument("--replace", action="store_true",
+                   help="runs made with other settings than the plan's (a step refuses them) are moved aside "
+                        "to <sweep folder>/replaced/<time>/ and trained again; nothing is deleted")
     a = p.parse_args(argv)
+    try:
+        run(p, a)
+    except UserError as e:  # bad input or a refused folder: its one line says what to do
+        sys.stderr.write(f"{p.prog}: error: {e}\n")
+        sys.exit(2)
+    except KeyboardInterrupt as e:  # Ctrl-C: the runs saved their steps and the step folders are complete
+        where = f" ({e})" if str(e) else ""
+        sys.stderr.write(f"{p.prog}: interrupted{where}; finished runs, checkpoints and step folders are "
+                         "saved, and the same command resumes\n")
+        sys.exit(130)
+
+
+def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    all_steps = steps()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     chosen = [s for s in a.steps.split(",") if s]
     if not chosen:
@@ -123,11 +142,14 @@ def main(argv: list[str] | None = None) -> None:
         for _, stage in planned_runs(a.profile, a.data_dir, chosen, out):
             progress.plan(stage.runs, (runs / stage.folder).resolve(), stage.committed)
         ctx = StepContext(a.profile, a.data_dir, out, runs.resolve(), not a.no_train, progress,
-                          ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.jobs}"] if a.jobs > 1 else [])
+                          ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.jobs}"] if a.jobs > 1 else [],
+                          a.replace)
         for name in chosen:
             EXPERIMENTS[name].run_step(ctx)
             write_report(out, experiments, a.profile, a.data_dir, make)  # after every step: committable
     print(f"results in {write_report(out, experiments, a.profile, a.data_dir, make)}")
+    if a.profile in ("cpu", "gpu") and a.data_dir:  # the committed profiles: one table of verdicts over both
+        print(f"combined verdicts in {write_combined_report(a.out, experiments)}")
     readme = Path(__file__).resolve().parents[1] / "README.md"
     if a.profile == "cpu" and a.data_dir and out.resolve() == (readme.parent / "results" / "cpu").resolve():
         update_readme(readme, out, experiments, make, a.profile, README_HEADLINE)

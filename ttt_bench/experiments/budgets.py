@@ -40,7 +40,7 @@ class Budgets(Experiment):
     def claims(self) -> list[Claim]:
         return [Claim("budgets", "Budgets", "Calibration (not a claim of the paper): every language model a "
                       f"verdict reads is past the {TRAINED_PAST} floor of its validation text and context.",
-                      trained_past_floors)]
+                      trained_past_floors, kind="check")]
 
 
 EXPERIMENT = Budgets()

@@ -1,6 +1,9 @@
-"""Loss curves of ad-hoc runs (not a figure of the papers): `ttt-bench plot curves RUN...` draws the training
-loss (per step, smoothed) and the validation loss of several run folders against steps and against tokens
-seen, one colour per run. `ttt-bench runs` lists the run folders (training/runs.py)."""
+"""Loss curves (not a figure of the papers): `ttt-bench plot curves RUN...` draws the training loss (per
+step, smoothed) and the validation loss of several run folders against steps and against tokens seen, one
+colour per run, or per configuration (mean and range over its runs) beyond GROUP_ABOVE runs, so the figure
+stays readable at the scale of a sweep; `ttt-bench plot curves STEP_FOLDER` draws the validation curves a
+sweep or step folder keeps (curves.csv, engine/curves.py), one line per configuration with its seeds'
+range, and its stalled runs each on its own. `ttt-bench runs` lists the run folders (training/runs.py)."""
 
 from pathlib import Path
 
@@ -12,6 +15,7 @@ from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand
 
 SMOOTH = 8  # steps of the training loss's moving average
+GROUP_ABOVE = 8  # more run folders than this: one line per configuration (mean and range over its runs)
 
 
 def run_folders(inputs: list[Path]) -> list[Path]:
@@ -43,10 +47,53 @@ def curves_figure(curves: dict[str, pd.DataFrame]):
     return fig
 
 
+def grouped_figure(curves: pd.DataFrame, title: str, stalled: list[str] = ()):
+    """Validation loss against tokens, one line per `group` (the mean over its runs at each step, the range
+    shaded); the `stalled` runs drawn each on its own, dashed."""
+    fig, ax = P.plt.subplots(figsize=(7.5, 4.6), layout="constrained")
+    kept = curves[~curves["run"].isin(stalled)]
+    for group, df in kept.groupby("group", sort=False):
+        by = df.groupby("tokens")["val_loss"]
+        n = df["run"].nunique()
+        line, = ax.plot(by.mean().index, by.mean(), lw=1.5, label=f"{group} ({n} run{'s' * (n > 1)})")
+        if n > 1:
+            ax.fill_between(by.min().index, by.min(), by.max(), color=line.get_color(), alpha=0.18, lw=0)
+    for run in stalled:
+        df = curves[curves["run"] == run]
+        ax.plot(df["tokens"], df["val_loss"], "--", lw=1, color="0.4", label=f"{run} (stalled)")
+    ax.set(xlabel="Tokens (or images) seen", ylabel="Validation loss (nats)", title=title)
+    ax.grid(alpha=0.3)
+    P.legend_below(fig, P.handles_of(ax), ncols=2)
+    return fig
+
+
+def plot_step_curves(folder: Path, stem: Path) -> list[Path]:
+    """A sweep or step folder's curves.csv, by configuration (its registry's labels)."""
+    from .engine.curves import stalled
+    from .engine.experiment import read_csv
+
+    curves, reg = read_csv(folder, "curves.csv"), read_csv(folder, "registry.csv")
+    if curves is None or curves.empty or reg is None:
+        raise ValueError(f"{folder} has no validation curves (curves.csv, from ablate or make reproduce)")
+    labels = dict(zip(reg["run"], reg["label"] if "label" in reg else reg["run"], strict=True))
+    curves = curves.assign(group=curves["run"].map(labels).fillna(curves["run"]))
+    title = f"{Path(folder).name}: validation loss by configuration (mean; range over seeds)"
+    return P.save(grouped_figure(curves, title, stalled(reg, curves, read_csv(folder, "floors.csv"))), stem)
+
+
 def plot_curves(inputs: list[Path], stem: Path) -> list[Path]:
+    if len(inputs) == 1 and (Path(inputs[0]) / "curves.csv").is_file():
+        return plot_step_curves(Path(inputs[0]), stem)
     runs = [run for run in run_folders(inputs) if (run / "losses.csv").is_file()]  # failed ones: none
     if not runs:
         raise ValueError("no run folder with a losses.csv (runs that trained at least one step have one)")
+    if len(runs) > GROUP_ABOVE:  # one line per configuration, or the legend fills the figure
+        frames = [loss_curves(run).query("split == 'validation'").assign(run=str(run),
+                                                                         group=read_run(run).label)
+                  for run in runs]
+        curves = pd.concat(frames, ignore_index=True).rename(columns={"loss": "val_loss"})
+        return P.save(grouped_figure(curves, f"Validation loss of {len(runs)} runs, by configuration "
+                                             "(mean, range over runs)"), stem)
     labels = {}
     for run in runs:
         label = read_run(run).label
@@ -83,7 +130,8 @@ class Curves(Experiment):
     @property
     def plots(self) -> dict:
         return {"curves": PlotCommand("training and validation loss against steps and tokens of several "
-                                      "runs; INPUT: run folders, or folders of runs (e.g. runs/)",
+                                      "runs (by configuration beyond 8); INPUT: run folders, folders of runs "
+                                      "(e.g. runs/), or a sweep or step folder (its curves.csv)",
                                       plot_curves)}
 
 

@@ -305,7 +305,7 @@ class Recall(Experiment):
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
-              overrides: list[str] = (), part: tuple[int, int] = (1, 1)) -> Trained:
+              overrides: list[str] = (), part: tuple[int, int] = (1, 1), replace: bool = False) -> Trained:
         """The calibration grid in <out>/calibration, each method's best learning rate from it, then the whole
         grid at those rates in <out> (`part`: the first k of `parts` equal parts of it). `committed`: a folder
         with an earlier session's registry.csv and calibration.csv."""
@@ -315,12 +315,12 @@ class Recall(Experiment):
             stage = Stage("calibration", self.plan(profile, data_dir, overrides),
                           committed and committed / "calibration.csv")
             calibration = train_stage(self.name, profile, stage, out / "calibration", launcher, pipeline,
-                                      train)
+                                      train, replace)
             files["calibration.csv"] = calibration.registry
             lrs = best_lrs(calibration.registry)
         stage = Stage(self.name, self.plan(profile, data_dir, overrides, lrs=lrs),
                       committed and committed / "registry.csv")
-        grid = train_stage(self.name, profile, stage.first(*part), out, launcher, pipeline, train)
+        grid = train_stage(self.name, profile, stage.first(*part), out, launcher, pipeline, train, replace)
         return Trained(grid.registry, {**grid.files, **files}, {"lrs": lrs})
 
     def tabulate(self, folder: Path) -> None:
@@ -337,7 +337,7 @@ class Recall(Experiment):
         return [
             Claim("recall.calibration", "Recall (MQAR)", "Calibration (not a claim of the paper): at the "
                   "setting the claims are judged at, the Transformer recalls (>= 0.95) and a fixed-size "
-                  "state does not.", recall_calibration),
+                  "state does not.", recall_calibration, kind="check"),
             Claim("recall.ttt_linear_mamba", "Recall (MQAR)", "A hidden state that is a model trained at "
                   "test time (TTT-Linear) recalls more than Mamba's.", recall_beats("ttt_linear", "mamba")),
             Claim("recall.ttt_mlp_linear", "Recall (MQAR)", "TTT-MLP's more expressive hidden state recalls "

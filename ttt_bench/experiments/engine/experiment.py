@@ -70,6 +70,16 @@ class Experiment:
         of the runs in plan order (seed-major: the first part holds every configuration's first seed)."""
         return int(self.sweep["profiles"][profile].get("parts", 1)) if self.trains else 1
 
+    @property
+    def equivalence_margin(self) -> tuple[float | None, str | None]:
+        """The a-priori equivalence margin of the experiment's '=' claims, a fraction of the reference (the
+        sweep's `equivalence_margin`), and where it comes from, for the claim's sentence; (None, None) where
+        the sweep sets none (verdicts.EQUIVALENCE_MARGIN then)."""
+        margin = self.sweep.get("equivalence_margin") if self.trains else None
+        if margin is None:
+            return None, None
+        return float(margin), f"set a priori in conf/sweep/{self.name}.yaml: equivalence_margin {margin:g}"
+
     def left_out(self, profile: str) -> str | None:
         """Why the experiment is not a step of this profile (its sweep's `left_out`: profile -> reason), or
         None when it is. Its claims are then "not tested", with that reason."""
@@ -121,12 +131,13 @@ class Experiment:
 
     def train(self, profile: str, out: Path, data_dir: str | None = None, launcher: list[str] = (),
               pipeline: Progress | None = None, committed: Path | None = None, train: bool = True,
-              overrides: list[str] = (), part: tuple[int, int] = (1, 1)) -> Trained:
+              overrides: list[str] = (), part: tuple[int, int] = (1, 1), replace: bool = False) -> Trained:
         """Train the sweep in `out` (skipping finished runs), every run with `overrides`. `committed`: the
         step folder of an earlier session, whose registry's finished runs count as done; `part`: (k, parts),
-        the first k of `parts` equal parts of the runs."""
+        the first k of `parts` equal parts of the runs; `replace`: move runs of `out` made with other settings
+        aside (engine/sweep_folder.py) instead of refusing."""
         stage, = self.stages(profile, data_dir, overrides, committed)
-        return train_stage(self.name, profile, stage.first(*part), out, launcher, pipeline, train)
+        return train_stage(self.name, profile, stage.first(*part), out, launcher, pipeline, train, replace)
 
     # ---- the step ----
 
@@ -136,7 +147,7 @@ class Experiment:
         step, parts = ctx.step(self), self.parts(ctx.profile)
         for k in range(1, parts + 1):
             trained = self.train(ctx.profile, ctx.runs / self.name, ctx.data_dir, ctx.launcher, ctx.progress,
-                                 committed=step.dir, train=ctx.train, part=(k, parts))
+                                 committed=step.dir, train=ctx.train, part=(k, parts), replace=ctx.replace)
             step.csv("registry.csv", trained.registry)
             for name, df in trained.files.items():
                 step.csv(name, df)

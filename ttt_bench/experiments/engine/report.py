@@ -18,9 +18,21 @@ import pandas as pd
 
 from ...io import write_atomic, write_json
 from ...machine import hardware
+from .plan import PROFILES
 from .registry import load_csv
 from .runner import Progress
-from .verdicts import STATUSES, judge_all
+from .verdicts import (
+    CHECK,
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    MISSING,
+    NOT_TESTED,
+    STATUSES,
+    UNDERPOWERED,
+    UNDERTRAINED,
+    judge_all,
+)
 
 log = logging.getLogger("ttt_bench.experiments")
 README_BLOCK = ("<!-- results:begin -->", "<!-- results:end -->")
@@ -117,6 +129,7 @@ class StepContext:
     train: bool  # False (--no-train): tabulate the runs finished so far
     progress: Progress
     launcher: list[str]  # Hydra launcher overrides (joblib with --jobs > 1)
+    replace: bool = False  # move runs made with other settings aside instead of refusing (--replace)
 
     @property
     def flags(self) -> str:
@@ -155,14 +168,23 @@ class Results:
         return pd.concat(parts, ignore_index=True).drop_duplicates(["role", "seq_len", "floor"])
 
 
+def profile_verdicts(out: Path, experiments: list, profile: str, results: Results | None = None,
+                     tested: tuple[str, ...] = ()) -> pd.DataFrame:
+    """judge_all on the step folders in `out` of one profile: every experiment's claims, those the profile
+    does not test marked "not tested". `results`: the Results to judge (default: read from `out`); `tested`:
+    claim ids judged although the profile's experiment says it does not test them (their inputs are in
+    `results` from elsewhere, e.g. the GPU campaign's benchmarks)."""
+    results = Results(out, [e.name for e in experiments]) if results is None else results
+    claims = [c for e in experiments for c in e.claims]
+    untested = {claim: f"not tested in the {profile} profile: {why}" for e in experiments
+                for claim, why in e.untested(profile).items() if claim not in tested}
+    return judge_all(claims, results, untested)
+
+
 def write_report(out: Path, experiments: list, profile: str, data_dir: str | None, make: str) -> Path:
     """REPORT.md and claims.csv from the step folders in `out`: the verdicts of every experiment's claims,
     then each experiment's section."""
-    results = Results(out, [e.name for e in experiments])
-    claims = [c for e in experiments for c in e.claims]
-    untested = {claim: f"not tested in the {profile} profile: {why}" for e in experiments
-                for claim, why in e.untested(profile).items()}
-    verdicts = judge_all(claims, results, untested)
+    verdicts = profile_verdicts(out, experiments, profile)
     write_atomic(out / "claims.csv", verdicts.to_csv(index=False))
     data = (
         "real corpora (pile-mini as the Pile, books-mini as Books)"
@@ -175,10 +197,15 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
         "only orderings and trends compare with the paper, not values. Every verdict below is computed by "
         "the experiment modules of `ttt_bench/experiments/` from the registries in this folder: a difference "
         "is judged by its 95% interval over seeds (paired by seed where both arms ran the same seeds, Welch "
-        "otherwise; MDE: the interval's half-width) and, within one table or figure, corrected for "
-        "multiplicity (Holm); an interval that contains 0 is inconclusive, and a comparison that uses a run "
-        "that does not beat the byte 3-gram floor is under-trained. Each step's folder holds its registry "
-        "(every seed), floors, tables and figures.\n",
+        "otherwise) and, within one table or figure, corrected for multiplicity (Holm); an interval that "
+        "contains 0 is inconclusive, or underpowered where its minimum detectable effect (MDE: the "
+        "difference detected with 80% power, (t_.975 + t_.8) standard errors) exceeds the paper's effect in "
+        "our units, and the sentence then names the seeds it would need at the measured spread. An equality "
+        "is two one-sided tests on the same interval: it holds where the whole interval lies inside its "
+        "equivalence margin (fixed before the runs, and named in the sentence), does not where the whole "
+        "interval lies outside it. A comparison that uses a run that does not beat the byte 3-gram "
+        "floor is under-trained. Calibration and budget rows are checks, counted apart from the paper's "
+        "claims. Each step's folder holds its registry (every seed), floors, tables and figures.\n",
         "## Verdicts\n",
         status_counts(verdicts) + "\n",
         "| claim | verdict |",
@@ -193,10 +220,17 @@ def write_report(out: Path, experiments: list, profile: str, data_dir: str | Non
 
 
 def status_counts(verdicts: pd.DataFrame) -> str:
-    """How many claims have each verdict, in the order of STATUSES."""
+    """How many claims have each verdict, in the order of STATUSES, then the checks (kind "check":
+    calibration and budget rows, not claims of the paper) apart; a table without `kind` is all claims."""
+    is_check = verdicts["kind"].eq(CHECK) if "kind" in verdicts else pd.Series(False, index=verdicts.index)
+    claims, checks = verdicts[~is_check], verdicts[is_check]
+    text = f"{len(claims)} claims: " + _counts(claims)
+    return text + (f"; {len(checks)} checks: " + _counts(checks) if len(checks) else "") + "."
+
+
+def _counts(verdicts: pd.DataFrame) -> str:
     counts = verdicts["verdict"].value_counts()
-    parts = [f"{int(counts[s])} {s}" for s in STATUSES if s in counts]
-    return f"{len(verdicts)} claims: " + ", ".join(parts) + "."
+    return ", ".join(f"{int(counts[s])} {s}" for s in STATUSES if s in counts)
 
 
 def reported(experiments: list) -> list:
@@ -296,3 +330,237 @@ def update_readme(readme: Path, out: Path, experiments: list, make: str, profile
         lines += ["", f"Not measured yet: {todo}"]
     start, end = text.index(README_BLOCK[0]), text.index(README_BLOCK[1])
     write_atomic(readme, text[: start + len(README_BLOCK[0])] + "\n" + "\n".join(lines) + "\n" + text[end:])
+
+
+# ---- one table of verdicts for the whole reproduction: results/REPORT.md ----
+
+DECIDED = (HOLDS, FAILS)
+JUDGED = (UNDERPOWERED, INCONCLUSIVE, UNDERTRAINED)  # judged, but undecided
+COMBINE_COMMAND = "python -m ttt_bench.experiments.engine.report --combine results"
+
+
+def campaign_latency(folder: Path) -> tuple[pd.DataFrame | None, str | None]:
+    """Figure 3's prefill at the paper profile's size and batch (latency.PROFILES['paper']) from a GPU
+    campaign's benchmark CSVs in `folder` (`bench_prefill_<size>*.csv`, which no step folder holds), as the
+    latency step's latency.csv, with a line that says what it is; (None, None) where there are none. A
+    context where one model has no time (out of memory) is left out and named."""
+    from ..latency import PROFILES as BENCH  # here: the experiments import this module
+
+    args = BENCH["paper"]
+    size, batch = args[args.index("--size") + 1], int(args[args.index("--batch") + 1])
+    files = sorted(Path(folder).glob(f"bench_prefill_{size}*.csv"))
+    if not files:
+        return None, None
+    bench = pd.concat([pd.read_csv(f).assign(file=f.name) for f in files], ignore_index=True)
+    lat = pd.to_numeric(bench["latency_ms_per_token"], errors="coerce")
+    rows = bench[(bench["phase"] == "prefill") & (pd.to_numeric(bench["batch"], errors="coerce") == batch)
+                 & lat.notna()]
+    both = rows.groupby("context")["model"].agg(lambda m: {"ttt_linear", "transformer"} <= set(m))
+    rows = rows[rows["context"].isin(both[both].index)]
+    if rows.empty:
+        return None, None
+    used = sorted(rows["file"].unique())
+    oom = bench[(bench["phase"] == "prefill") & bench["note"].astype(str).str.contains("out of memory")
+                & ~bench["context"].isin(rows["context"])]
+    device = "/".join(sorted(rows["device"].dropna().astype(str).unique())) if "device" in rows else ""
+    machine = Path(folder) / "machine.json"
+    if machine.is_file() and device.startswith("cuda"):
+        device = json.loads(machine.read_text()).get("gpu", device)
+    contexts = sorted(rows["context"].unique())
+    line = (f"GPU campaign benchmark ({', '.join(used)}): {size}, batch {batch} (the paper's), "
+            f"{'/'.join(sorted(rows['dtype'].dropna().astype(str).unique()))} on {device}, contexts "
+            f"{_context(contexts[0])}-{_context(contexts[-1])}"
+            + (f"; {', '.join(sorted({_context(c) for c in oom['context']}))} left out (out of memory)"
+               if len(oom) else ""))
+    return rows.reset_index(drop=True), line
+
+
+def _context(c) -> str:
+    c = int(c)
+    return f"{c // 1024}k" if c >= 1024 and c % 1024 == 0 else f"{c:,}"
+
+
+def _span(values, fmt) -> str:
+    values = sorted(set(values))
+    return fmt(values[0]) if len(values) == 1 else f"{fmt(values[0])}-{fmt(values[-1])}"
+
+
+def _millions(v) -> str:
+    return f"{v / 1e6:.1f}M" if v >= 1e5 else f"{v:,.0f}"
+
+
+def step_scale(folder: Path) -> str | None:
+    """What a step folder's claims were judged at, from its registry (size, context, training tokens or
+    images a run, seeds, corpus), or its latency benchmark; and the machine its runs trained on (step.json's
+    `trained_on`, else its `hardware` unless it was only tabulated). None: no such folder."""
+    folder = Path(folder)
+    meta = json.loads((folder / "step.json").read_text()) if (folder / "step.json").is_file() else {}
+    parts = []
+    reg = load_csv(folder / "registry.csv") if (folder / "registry.csv").is_file() else None
+    bench = load_csv(folder / "latency.csv") if (folder / "latency.csv").is_file() else None
+    if reg is not None and "status" in reg:
+        runs = reg[reg["status"] == "finished"]
+        if runs.empty:
+            return "no finished runs"
+        num = lambda c: (pd.to_numeric(runs[c], errors="coerce").dropna() if c in runs
+                         else pd.Series([], dtype=float))
+        if "size" in runs and runs["size"].notna().any():
+            parts.append("size " + "/".join(sorted(runs["size"].dropna().astype(str).unique())))
+        if len(num("seq_len")):
+            text = "role" in runs and runs["role"].isin(["pile", "books"]).any()
+            parts.append("context " + _span(num("seq_len").astype(int), lambda v: f"{v:,}")
+                         + (" bytes" if text else " tokens"))
+        if len(num("tokens_seen")):
+            parts.append(_span(num("tokens_seen"), _millions) + " training tokens a run")
+        if len(num("images_seen")):
+            images = f"{_span(num('images_seen').astype(int), lambda v: f'{v:,}')} training images a run"
+            if len(num("image_size")) and len(num("num_tokens")):
+                images = (f"{_span(num('image_size').astype(int), str)}px images as "
+                          f"{_span(num('num_tokens').astype(int), str)} tokens, " + images)
+            parts.append(images)
+        if "seed" in runs:
+            parts.append(f"{runs['seed'].nunique()} seeds")
+        if "corpus" in runs and runs["corpus"].notna().any():
+            parts.append("/".join(sorted(runs["corpus"].dropna().astype(str).unique())))
+    elif bench is not None:
+        prefill = bench[bench["phase"] == "prefill"] if "phase" in bench else bench
+        for col, fmt in (("batch", "batch {}"), ("dtype", "{}"), ("device", "on {}")):
+            if col in prefill and prefill[col].notna().any():
+                vals = sorted({str(v).removesuffix(".0") for v in prefill[col].dropna()})
+                parts.append(fmt.format("/".join(vals)))
+        if "d_model" in prefill and prefill["d_model"].notna().any():
+            parts.append("width " + _span(prefill["d_model"].astype(int), str))
+        if "context" in prefill and len(prefill):
+            parts.append("contexts " + _span(prefill["context"].astype(int), _context))
+    elif not meta:
+        return None
+    machine = (meta.get("trained_on") or ([] if meta.get("tabulated_only") else [meta.get("hardware")])
+               or ["trained on a machine step.json does not record: the profile's RUN.md says which"])
+    machine = "; ".join(str(m).split(", torch")[0] for m in machine if m)
+    return ", ".join(parts) + (f" ({machine})" if machine else "")
+
+
+def combined_verdicts(root: Path, experiments: list, profiles: list[str] | None = None) -> pd.DataFrame:
+    """Every claim once (id, figure, kind, claim), with each profile's verdict and scale (columns
+    `<profile>`, `<profile>_scale`, `<profile>_evidence`) and the combined one: `verdict` and `profile`, the
+    largest profile (in PROFILES order) that decided it (holds or does not hold), `disagree` where two
+    profiles decided it differently (`verdict` is then the largest's); an undecided claim takes the
+    largest profile's judged verdict (inconclusive, underpowered, under-trained), else not tested, else not
+    measured. Each profile's verdicts are judge_all on its step folders (profile_verdicts); the gpu
+    profile's Figure 3 reads the GPU campaign's benchmarks (campaign_latency), which no step folder holds."""
+    root = Path(root)
+    if profiles is None:
+        profiles = [p for p in PROFILES if any((root / p).glob("*/step.json"))]
+    owner = {c.id: e.name for e in experiments for c in e.claims}
+    latency_claims = tuple(c.id for e in experiments if e.name == "latency" for c in e.claims)
+    table = None
+    for p in profiles:
+        out, tested, frames, scales = root / p, (), {}, {}
+        if not (out / "latency" / "step.json").is_file():
+            bench, line = campaign_latency(out)
+            if bench is not None:
+                frames[("latency", "latency.csv")], tested = bench, latency_claims
+                scales["latency"] = line
+        results = Results(out, [e.name for e in experiments], frames=frames)
+        v = profile_verdicts(out, experiments, p, results, tested)
+        scale = {name: scales.get(name) or step_scale(out / name) for name in set(owner.values())}
+        v[f"{p}_scale"] = [scale.get(owner.get(i)) if verdict not in (NOT_TESTED, MISSING) else None
+                           for i, verdict in zip(v["id"], v["verdict"], strict=True)]
+        v = v.rename(columns={"verdict": p, "evidence": f"{p}_evidence"})
+        table = v if table is None else table.merge(v[["id", p, f"{p}_scale", f"{p}_evidence"]], on="id")
+    if table is None:
+        raise ValueError(f"no profile folders with step folders in {root}")
+    rank = {s: (3 if s in DECIDED else 2 if s in JUDGED else 1 if s == NOT_TESTED else 0) for s in STATUSES}
+    picked, disagree = [], []
+    for r in table.to_dict("records"):
+        best = max(reversed(profiles), key=lambda p: rank[r[p]])  # ties: the largest profile
+        picked.append(best)
+        disagree.append(len({r[p] for p in profiles if r[p] in DECIDED}) > 1)
+    table["profile"] = picked
+    table["verdict"] = [r[p] for r, p in zip(table.to_dict("records"), picked, strict=True)]
+    table["disagree"] = disagree
+    return table
+
+
+def write_combined_report(root: Path, experiments: list, profiles: list[str] | None = None) -> Path:
+    """results/REPORT.md: every claim once with its verdict at the largest profile that decided it (both
+    where two profiles decided it differently), that profile's scale, and the other profiles' verdicts;
+    it opens with the counts (claims apart from checks), how many claims are decided and how many of those
+    by the cpu profile alone. See combined_verdicts."""
+    root = Path(root)
+    table = combined_verdicts(root, experiments, profiles)
+    profiles = [p for p in PROFILES if p in table.columns]
+    claims = table[table["kind"] != CHECK]
+    decided = claims[claims["verdict"].isin(DECIDED)]
+    by = lambda p: decided[[{q for q in profiles if r[q] in DECIDED} == {p}
+                            for r in decided.to_dict("records")]]
+    alone = {p: len(by(p)) for p in profiles}
+    reports = ", ".join(f"[{p}/REPORT.md]({p}/REPORT.md)" for p in profiles)
+    lines = [
+        "# ttt-bench: every claim once, at the largest scale that decided it\n",
+        f"Made by `{COMBINE_COMMAND}` from the step folders of "
+        f"{', '.join(f'results/{p}' for p in profiles)}, "
+        f"judged by the same claims as each profile's report ({reports}, where each verdict's evidence is). "
+        f"Each claim shows its verdict at the largest profile ({' < '.join(profiles)}) that decided it "
+        "(holds or does not hold), with that profile's scale: model size, context, training tokens or images "
+        "a run, seeds and the machine its runs trained on, from the step folder's registry.csv and "
+        "step.json. Where two profiles decided it differently, both are shown. A claim no profile decided "
+        "shows the largest profile's inconclusive, underpowered or under-trained verdict, else not tested, "
+        "else not measured. Calibration and budget rows are checks, counted apart.\n",
+        f"**{status_counts(table)}** Decided (holds or does not hold): {len(decided)} of {len(claims)} "
+        "claims, "
+        + ", ".join(f"{alone[p]} by the {p} profile alone" for p in profiles)
+        + (f", {len(decided) - sum(alone.values())} by more than one" if len(decided) > sum(alone.values())
+           else "")
+        + f"; {int(claims['disagree'].sum())} decided differently by two profiles.\n",
+    ]
+    if "gpu" in profiles and any(isinstance(s, str) and s.startswith("GPU campaign")
+                                 for s in table["gpu_scale"]):
+        lines.append("The gpu profile has no latency step: its Figure 3 verdict is judged, by the same "
+                     "claim, on the GPU campaign's prefill benchmarks at the paper's size and batch "
+                     "(results/gpu/RUN.md), not on a step folder.\n")
+    lines += ["| claim | verdict | decided at: profile, scale | other profiles |", "|---|---|---|---|"]
+    for r in table.to_dict("records"):
+        p = r["profile"]
+        shown = [p] + ([q for q in reversed(profiles) if q != p and r[q] in DECIDED] if r["disagree"] else [])
+        verdict = "; ".join(f"**{r[q]}**" + (f" ({q})" if r["disagree"] else "") for q in shown)
+        scales = {q: r[f"{q}_scale"] for q in shown if isinstance(r[f"{q}_scale"], str)}
+        where = "<br>".join(f"{q}: {scales[q]}" if q in scales else q for q in shown)
+        if r["verdict"] not in DECIDED:
+            where = f"not decided; {where}"
+        others = "; ".join(f"{q}: {r[q]}" for q in profiles if q not in shown)
+        kind = " *(check)*" if r["kind"] == CHECK else ""
+        lines.append(f"| {r['figure']}: {r['claim']}{kind} | {verdict} | {where} | {others} |")
+    split = table[table["disagree"]]
+    if len(split):
+        lines += ["", "## Where profiles disagree", ""]
+        for r in split.to_dict("records"):
+            lines.append(f"**{r['figure']}: {r['claim']}**\n")
+            lines += [f"- {q}, **{r[q]}**: {str(r[f'{q}_evidence']).rstrip('.')}." for q in reversed(profiles)
+                      if r[q] in DECIDED]
+            lines.append("")
+    write_atomic(root / "REPORT.md", "\n".join(lines) + "\n")
+    return root / "REPORT.md"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m ttt_bench.experiments.engine.report --combine results`: results/REPORT.md from every
+    profile folder under it."""
+    import argparse
+
+    from ttt_bench.experiments import EXPERIMENTS
+    from ttt_bench.experiments.engine import report  # this module by its name, not as __main__
+
+    p = argparse.ArgumentParser(prog="python -m ttt_bench.experiments.engine.report",
+                                description="one table of verdicts for every profile's results")
+    p.add_argument("--combine", type=Path, required=True, metavar="RESULTS",
+                   help="the results root with a folder per profile (results/)")
+    p.add_argument("--profiles", help=f"comma-separated profiles (default: those of {', '.join(PROFILES)} "
+                   "with step folders under RESULTS)")
+    a = p.parse_args(argv)
+    profiles = [x for x in a.profiles.split(",") if x] if a.profiles else None
+    print(report.write_combined_report(a.combine, list(EXPERIMENTS.values()), profiles))
+
+
+if __name__ == "__main__":
+    main()

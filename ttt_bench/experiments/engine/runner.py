@@ -3,7 +3,10 @@ hydra/launcher=joblib or submitit_slurm by override) into one sweep folder (engi
 holds).
 
 Re-running a sweep skips finished runs and resumes interrupted ones (train() resumes from last.ckpt); a
-failed run is recorded and does not stop the sweep. Runs with `after` (TF finetune) start once the run
+failed run is recorded and does not stop the sweep. A sweep never deletes a run: sweep_folder.py keeps one
+process and one sweep to a folder, and refuses (or, asked to, moves aside) runs made with other settings.
+Each job reads its run from the run's own run.json, written once by the planner before the launch. Runs
+with `after` (TF finetune) start once the run
 they depend on has finished. A committed registry of an earlier session counts its finished runs as done
 (`restore`): a new machine re-tabulates what it cannot retrain.
 """
@@ -12,7 +15,6 @@ import fcntl
 import json
 import logging
 import shlex
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -27,17 +29,11 @@ from ...training.run_folder import RunFolderInUse, in_use
 from ...training.runs import fraction_trained
 from ...training.train import train
 from .cost import run_cost
+from .curves import run_curves
 from .floors import text_floors
 from .plan import Run, composed, identity
-from .registry import (
-    failure_line,
-    read_metrics,
-    read_plan,
-    record_failure,
-    run_finished,
-    write_plan,
-    write_registry,
-)
+from .registry import failure_line, read_metrics, record_failure, run_finished, write_plan, write_registry
+from .sweep_folder import claimed, data_fingerprint, settle
 
 log = logging.getLogger("ttt_bench.experiments")
 
@@ -145,18 +141,8 @@ def _minutes(seconds: float) -> str:
     return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
 
 
-def stale(run_dir: Path, run: Run) -> bool:
-    """Whether the run folder holds a run made with other settings than `run` (its run.json), finished or
-    not: a sweep folder never mixes settings."""
-    try:
-        recorded = json.loads((Path(run_dir) / "run.json").read_text())["overrides"]
-    except (OSError, ValueError, KeyError):
-        return False
-    return identity(recorded) != identity(run.overrides)
-
-
 # Lightning's per-run banners ("Seed set to 0", "GPU available: False", "`Trainer.fit` stopped"), a third of a
-# sweep's log, and Hydra's launchers' listing of every job ("#12 : +sweep_plan=... +run=..."; the sweep's own
+# sweep's log, and Hydra's launchers' listing of every job ("#12 : +sweep_dir=... +run=..."; the sweep's own
 # line says how many runs it trains, and each run's progress line names it): at debug level in sweeps,
 # shown only where the logger is set to debug
 BANNER_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed",
@@ -178,26 +164,25 @@ def quiet_banners() -> None:
             logger.addFilter(demote_to_debug)
 
 
-def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
-    """Train one run of a plan unless it has finished; record a failure instead of raising."""
+def run_one(run_dir: Path) -> None:
+    """Train the run that `run_dir/run.json` records unless it has finished; record a failure instead of
+    raising."""
     import hydra
 
-    if stale(run_dir, run):  # planned anew with other settings
-        log.info("run %s was made with other overrides; training it again", name)
-        shutil.rmtree(run_dir)
-    elif run_finished(run_dir):
+    if run_finished(run_dir):
         return
-    command = "ttt-bench train " + " ".join(shlex.quote(o) for o in run.overrides)
-    write_json(run_dir / "run.json", {"name": name, **run.to_json(), "command": command})
+    record = json.loads((run_dir / "run.json").read_text())
+    fields = {k: v for k, v in record.items() if k in Run.__dataclass_fields__}
+    name, run = record["name"], Run.from_json(fields)
     quiet_banners()
-    progress.begin(run_dir)
+    Progress.load(record["progress"]).begin(run_dir)
     try:
         try:  # composed by the planner in this process; a job in another process (SLURM) composes it
             cfg = composed(run.overrides)
         except ValueError:  # Hydra's global state is this multirun's: compose through it
             cfg = hydra.compose(config_name="train", overrides=run.overrides)
         train(cfg, run_dir)
-    except RunFolderInUse:  # another process of the same sweep trains it: two processes share a sweep
+    except RunFolderInUse:  # a `ttt-bench train` of another process holds the folder
         log.info("run %s is being trained by another process; skipped here", name)
     except Interrupted as e:  # Ctrl-C / SIGTERM: the sweep stops (the run resumes from its checkpoint); not
         raise KeyboardInterrupt(str(e)) from e  # an Exception, after which Hydra's launchers would go on
@@ -210,19 +195,18 @@ def run_one(name: str, run: Run, run_dir: Path, progress: Progress) -> None:
 
 
 def _job(cfg) -> None:
-    """The Hydra task of a sweep's multirun: one run of the plan, picked by `+run=<name>`."""
-    plan, runs = read_plan(Path(cfg.sweep_plan).parent)
-    run_one(cfg.run, runs[cfg.run], Path(plan["dir"]) / cfg.run, Progress.load(plan["progress"]))
+    """The Hydra task of a sweep's multirun: one run of the sweep folder, picked by `+run=<name>`."""
+    run_one(Path(cfg.sweep_dir) / cfg.run)
 
 
-def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
-    """One Hydra multirun over the runs `names` of a written plan (e.g. hydra/launcher=joblib)."""
+def launch(out: Path, names: list[str], launcher: list[str]) -> None:
+    """One Hydra multirun over the runs `names` of the sweep folder `out`, each read from its run.json
+    (e.g. hydra/launcher=joblib)."""
     import hydra
 
-    out = plan_path.parent
     argv = [
         "--multirun",
-        f"+sweep_plan='{plan_path}'",
+        f"+sweep_dir='{out}'",
         "+run=" + ",".join(f"'{n}'" for n in names),
         f"hydra.sweep.dir='{out}'",
         "hydra.sweep.subdir=${run}/hydra",
@@ -235,6 +219,14 @@ def launch(plan_path: Path, names: list[str], launcher: list[str]) -> None:
         hydra.main(config_path=CONFIG_MODULE, config_name="train", version_base="1.3")(_job)()
     finally:
         sys.argv = saved
+
+
+def write_run(run_dir: Path, name: str, run: Run, fingerprint: str | None, progress: Path) -> None:
+    """The run's record, written by the planner (under the sweep folder's lock) for the job to read: its
+    overrides, the command that reproduces it, and the content of the data it reads."""
+    command = "ttt-bench train " + " ".join(shlex.quote(o) for o in run.overrides)
+    write_json(Path(run_dir) / "run.json", {"name": name, **run.to_json(), "command": command,
+                                            "data_fingerprint": fingerprint, "progress": str(progress)})
 
 
 @dataclass
@@ -261,54 +253,69 @@ class Trained:
     info: dict = field(default_factory=dict)
 
 
-def compose_all(runs: dict[str, Run], out: Path) -> dict:
-    """Every run's config, composed once up front: a run whose config does not compose (a model config that
-    does not exist yet, a bad override) is recorded as failed instead of stopping the multirun."""
-    configs = {}
+def compose_all(runs: dict[str, Run]) -> tuple[dict, dict[str, str]]:
+    """Every run's config, composed once up front, and the error of each run whose config does not compose
+    (a model config that does not exist yet, a bad override): recorded as failed instead of stopping the
+    multirun."""
+    configs, errors = {}, {}
     for name, run in runs.items():
         try:
             configs[name] = composed(run.overrides)
         except Exception as e:  # noqa: BLE001
-            record_failure(out / name, failure_line(e))
-    return configs
+            errors[name] = failure_line(e)
+    return configs, errors
 
 
 def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: list[str] = (),
-                pipeline: Progress | None = None, train: bool = True) -> Trained:
+                pipeline: Progress | None = None, train: bool = True, replace: bool = False) -> Trained:
     """Restore, train (skipping finished runs) and tabulate one stage's runs in `out`, with the n-gram
-    floors of their texts. `pipeline`: the progress of a whole pipeline this stage is part of (else its own);
-    `train=False` tabulates the runs finished so far and trains nothing."""
+    floors of their texts, holding the folder against other processes. `pipeline`: the progress of a whole
+    pipeline this stage is part of (else its own); `train=False` tabulates the runs finished so far and
+    trains nothing; `replace`: move runs made with other settings aside instead of refusing."""
     out = Path(out).resolve()
     runs = stage.runs
-    if stage.committed is not None:
-        restore(out, runs, stage.committed)
-    if pipeline is None:
-        pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
-        pipeline.plan(runs, out, stage.committed)
-    for run in runs.values():  # TF finetune starts from the weights of the run it depends on
-        if run.after is not None:
-            run.overrides.append(f"recipe.init_from='{out / run.after / 'checkpoints' / 'last.ckpt'}'")
-    plan_path = write_plan(out, sweep, profile, runs, pipeline.path)
-    configs = compose_all(runs, out)
-    for dependent in (False, True):  # runs without dependencies, then those that start from another run
-        todo = []
-        for n in configs:
-            run = runs[n]
-            if (run.after is not None) != dependent or (run_finished(out / n) and not stale(out / n, run)):
-                continue
-            if dependent and not run_finished(out / run.after):
-                if in_use(out / run.after):  # another process of this sweep trains it: its turn
-                    log.info("run %s waits for %s, trained by another process", n, run.after)
-                else:
-                    record_failure(out / n, f"the run it starts from ({run.after}) did not finish")
-                continue
-            todo.append(n)
-        log.info("sweep %s (%s): %d runs to train%s", sweep, profile, len(todo), " first" * (not dependent))
-        if todo and train:
-            launch(plan_path, todo, list(launcher))
-    floors = text_floors(runs, configs)
-    write_atomic(out / "floors.csv", floors.to_csv(index=False))  # `ttt-bench plot` draws them
-    return Trained(write_registry(out), {"floors.csv": floors})
+    with claimed(out, sweep):
+        for run in runs.values():  # TF finetune starts from the weights of the run it depends on
+            if run.after is not None:
+                run.overrides.append(f"recipe.init_from='{out / run.after / 'checkpoints' / 'last.ckpt'}'")
+        configs, errors = compose_all(runs)
+        fingerprints = {n: data_fingerprint(cfg) for n, cfg in configs.items()}
+        if moved := settle(out, runs, fingerprints, replace):
+            log.info("%d runs made with other settings moved aside to %s: %s", len(moved), out / "replaced",
+                     ", ".join(moved))
+        write_plan(out, sweep, profile, runs, pipeline.path if pipeline else out / "progress.json")
+        for name, error in errors.items():
+            if not run_finished(out / name):
+                record_failure(out / name, error)
+        if stage.committed is not None:
+            restore(out, runs, stage.committed)
+        if pipeline is None:
+            pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
+            pipeline.plan(runs, out, stage.committed)
+        for dependent in (False, True):  # runs without dependencies, then those that start from another run
+            todo = []
+            for n in configs:
+                run = runs[n]
+                if (run.after is not None) != dependent or run_finished(out / n):
+                    continue
+                if dependent and not run_finished(out / run.after):
+                    if in_use(out / run.after):  # a `ttt-bench train` of another process holds it
+                        log.info("run %s waits for %s, trained by another process", n, run.after)
+                    else:
+                        record_failure(out / n, f"the run it starts from ({run.after}) did not finish")
+                    continue
+                todo.append(n)
+                write_run(out / n, n, run, fingerprints[n], pipeline.path)
+            log.info("sweep %s (%s): %d runs to train%s", sweep, profile, len(todo),
+                     " first" * (not dependent))
+            if todo and train:
+                launch(out, todo, list(launcher))
+        floors = text_floors(runs, configs)
+        write_atomic(out / "floors.csv", floors.to_csv(index=False))  # `ttt-bench plot` draws them
+        kept = stage.committed and Path(stage.committed).with_name("curves.csv")
+        curves = run_curves(out, runs, pd.read_csv(kept) if kept and kept.is_file() else None)
+        write_atomic(out / "curves.csv", curves.to_csv(index=False))  # tables flag the stalled runs
+        return Trained(write_registry(out), {"floors.csv": floors, "curves.csv": curves})
 
 
 def restorable(runs: dict[str, Run], registry: Path | None) -> dict[str, dict]:
@@ -333,6 +340,8 @@ def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:
         plan_keys = set(runs[name].columns()) | {"run", "sweep", "profile", "after", "overrides",
                                                   "total_train_flops"}
         metrics = {k: v for k, v in row.items() if k not in plan_keys and not pd.isna(v)}
+        record = {"name": name, **runs[name].to_json(), "restored_from": str(registry)}
+        write_json(out / name / "run.json", record)  # what a later plan compares itself with
         write_json(out / name / "metrics.json", {**metrics, "restored_from": str(registry)})
         n += 1
     if n:

@@ -4,6 +4,7 @@ text it was validated on, rows that do not beat the 3-gram floor marked under-tr
 import pandas as pd
 
 from .floors import TRAINED_PAST, ngram_floor
+from .registry import finished_runs
 
 FLOOR_KEYS = ("role", "seq_len")  # what a floor is of: the validation text (by its role) at a context
 
@@ -62,6 +63,21 @@ def undertrained_mark(row, floors: pd.DataFrame | None) -> str:
     """" (under-trained)" for a table row whose mean perplexity does not beat its text's 3-gram floor."""
     floor = ngram_floor(floors, row.get("role"), row.get("seq_len"), TRAINED_PAST)
     return " (under-trained)" if floor is not None and row["ppl_mean"] >= floor else ""
+
+
+def stalled_note(registry: pd.DataFrame, curves: pd.DataFrame | None,
+                 floors: pd.DataFrame | None) -> tuple[set, str]:
+    """The configurations with a stalled run (curves.py: mid-training validation loss not below the unigram
+    floor, a failed optimisation) and the table's footnote naming those runs; ("", set()) when none."""
+    from .curves import stalled
+
+    runs = stalled(finished_runs(registry), curves, floors)
+    if not runs:
+        return set(), ""
+    configs = set(registry[registry["run"].isin(runs)]["config"].astype(str))
+    return configs, (f"\n\\* a run of the row stalled: its validation loss at mid-training was not below the "
+                     f"unigram floor (a failed optimisation, averaged in above; its curve is in curves.csv): "
+                     f"{', '.join(runs)}\n")
 
 
 def summary_table(registry: pd.DataFrame, keys: list[str], floors: pd.DataFrame | None = None) -> str:
