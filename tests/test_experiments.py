@@ -533,10 +533,10 @@ def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_p
     assert minutes == pytest.approx(9e11 / CPU_TRAIN_FLOPS / 60) and source.startswith("at ")
 
     (tmp_path / "elsewhere").symlink_to(shared_data.resolve())  # the data where another machine has it
-    main(["ablate", "table1", "--profile", "cpu", "--data-dir", str(tmp_path / "elsewhere"), "--plan",
+    main(["ablate", "minibatch", "--profile", "cpu", "--data-dir", str(tmp_path / "elsewhere"), "--plan",
           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
     out = capsys.readouterr().out
-    committed = pd.read_csv(Path(__file__).parents[1] / "results" / "cpu" / "table1" / "registry.csv")
+    committed = pd.read_csv(Path(__file__).parents[1] / "results" / "cpu" / "minibatch" / "registry.csv")
     assert out.count(", measured]") == len(committed)  # the committed step's own runs, at their times
     total = re.search(r"# CPU runs: ~(\d+) run-minutes .*, so ~(\d+) min with 2 jobs", out)
     assert total and abs(int(total[1]) - committed["wall_time_s"].sum() / 60) <= 1

@@ -13,7 +13,7 @@ from ..io import write_atomic
 from . import units
 from .engine.experiment import Experiment, Section, read_csv
 from .engine.floors import undertrained
-from .engine.plan import Run, configuration, data_overrides, merge
+from .engine.plan import Run, configuration, data_overrides, merge, value
 from .engine.registry import finished_runs
 from .engine.stats import difference
 from .engine.tables import by_config, floor_rows, fmt_ppl, fmt_se, stalled_note, undertrained_mark
@@ -178,6 +178,20 @@ class Table1(Experiment):
             write_atomic(folder / "table1.md", table1_markdown(reg, floors, curves)[1])
             if "eta" in reg and reg["eta"].notna().any():  # the profile swept eta
                 write_atomic(folder / "table1_eta.md", eta_markdown(reg, self.sweep["eta_sweep"], floors))
+
+    def summary(self, folder) -> str | None:
+        """The inner steps the mini-batch row takes at this profile's context, and where the claim's
+        long-context form is judged."""
+        reg = read_csv(folder, "registry.csv")
+        row = None if reg is None else table1_row(reg, "minibatch")
+        if row is None or row.empty or "seq_len" not in row:
+            return None
+        T = int(row["seq_len"].iloc[0])
+        b = value(next(r for r in self.sweep["runs"] if r["name"] == "minibatch")["change"],
+                  "model.block.mini_batch_size")
+        return (f"At this context ({T:,} tokens) the mini-batch row (b = {b}) takes T/b = {T // b} inner "
+                "steps a sequence (the paper at 2k: 128); the long-context form of the mini-batch claim is "
+                "Figure 8's, judged at 1,024 bytes (the minibatch step).")
 
     @property
     def claims(self) -> list[Claim]:

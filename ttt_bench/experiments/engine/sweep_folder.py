@@ -8,8 +8,8 @@
 - A planned run whose folder holds a run made with other settings (its `run.json` overrides, or the content
   of the data it read: `data_fingerprint`) is a `Conflict`: the sweep refuses before training anything, naming
   the runs and the differing keys, unless asked to `replace` them; replaced runs are moved aside to
-  `<out>/replaced/<time>/`, never deleted. A failed run that left no checkpoint is moved aside without
-  asking (there is nothing in it to lose but its error, which stays readable there).
+  `<out>/replaced/<time>/`, never deleted. A run that holds no work (it failed or never started, and left no
+  checkpoint, and no process trains it) is moved aside without asking; its files stay readable there.
 """
 
 import contextlib
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UserError
+from ...training.run_folder import in_use
 from .plan import Run, identity
 from .registry import read_metrics
 
@@ -117,7 +118,7 @@ class Conflict:
 
     run: str
     changes: list[str]  # "trainer.max_steps: 245 -> 2", "the data's content"
-    keeps: bool  # the folder holds a finished run or a checkpoint (work to keep)
+    keeps: bool  # the folder holds work: a finished run, a checkpoint, or a run another process trains
 
 
 def _as_dict(overrides: list[str]) -> dict[str, str]:
@@ -144,8 +145,8 @@ def conflicts(out: Path, runs: dict[str, Run], fingerprints: dict[str, str | Non
         except (OSError, ValueError):
             continue  # no run there yet (or a restored one: it has no run.json)
         if diff := changes(recorded, run, fingerprints.get(name)):
-            failed = (read_metrics(run_dir) or {}).get("status") == "failed"
-            keeps = not failed or any(run_dir.glob("checkpoints/*"))
+            finished = (read_metrics(run_dir) or {}).get("status") == "finished"
+            keeps = finished or any(run_dir.glob("checkpoints/*")) or in_use(run_dir)
             found.append(Conflict(name, diff, keeps))
     return found
 
