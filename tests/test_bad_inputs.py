@@ -315,8 +315,8 @@ def test_ablate_data_dir_and_launcher_overrides(capsys, tmp_path):
     err = cli_error(capsys, tmp_path, "ablate", "table1", "--profile", "smoke", "--data-dir",
                     str(tmp_path / "missing"), "--out", str(tmp_path / "runs" / "sweep"))
     assert f"--data-dir {tmp_path / 'missing'} is not a folder" in err
-    err = cli_error(capsys, tmp_path, "ablate", "table1", "--profile", "gpu", "--plan")
-    assert "conf/sweep/table1.yaml defines no gpu profile; use one of smoke, quick, cpu, paper" in err
+    err = cli_error(capsys, tmp_path, "ablate", "minibatch", "--profile", "gpu", "--plan")
+    assert "conf/sweep/minibatch.yaml defines no gpu profile; use one of smoke, quick, cpu" in err
     # README: launcher overrides after the options (parsed intermixed; --plan runs nothing)
     main(["ablate", "minibatch", "--profile", "smoke", "--plan", "hydra/launcher=joblib",
           "hydra.launcher.n_jobs=2"])
@@ -601,3 +601,168 @@ def test_a_damaged_run_file_is_a_one_line_error_naming_the_file_and_line(capsys,
     assert table.at["stopped", "status"].startswith("unreadable: ") and "losses.csv, line 3: step is 'x'" in \
         table.at["stopped", "status"]
     assert "metrics.json is not readable JSON" in table.at["finished", "status"]
+
+
+# -- issue 46: reliability round 4 ------------------------------------------------------------------------
+
+
+def test_a_registry_measurement_pandas_would_read_as_missing_is_a_one_line_error(capsys, tmp_path):
+    """pandas reads "n/a", "NA" or "null" as NaN by default: a finished run's val_ppl so written would drop
+    its point without a word. It is text, not a number: one line naming the file, the row and the column."""
+    from ttt_bench.io import read_table
+
+    committed = Path(__file__).parents[1] / "results" / "cpu" / "scaling" / "registry.csv"
+    reg = pd.read_csv(committed).astype({"val_ppl": object})
+    i = int(reg.index[reg["status"] == "finished"][1])
+    reg.loc[i, "val_ppl"] = "n/a"
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    reg.to_csv(folder / "registry.csv", index=False)
+    err = cli_error(capsys, tmp_path, "plot", "scaling", str(folder), "--out", str(tmp_path / "fig"))
+    where = f"registry {folder / 'registry.csv'}, line {i + 2} (run {reg['run'][i]})"
+    assert f"{where}: val_ppl is 'n/a', not a number" in err, err
+    # the run files read_table checks: "NA" is an error, nan (a skipped step's loss) and empty cells are not
+    (tmp_path / "losses.csv").write_text("step,loss\n1,0.5\n2,nan\n3,\n4,NA\n")
+    with pytest.raises(UserError, match=r"losses.csv, line 5: loss is 'NA', not a number"):
+        read_table(tmp_path / "losses.csv", numeric=("step", "loss"))
+    (tmp_path / "losses.csv").write_text("step,loss\n1,0.5\n2,nan\n3,\n")
+    assert read_table(tmp_path / "losses.csv", numeric=("step", "loss"))["loss"].isna().tolist() == [
+        False, True, True]
+
+
+def test_a_token_cache_with_ids_outside_the_vocabulary_is_rebuilt(tmp_path, caplog):
+    """A damaged cache (or one whose metadata was edited) whose ids the embedding has no row for is rebuilt
+    when it is loaded, never an IndexError in the first step."""
+    import logging
+
+    import numpy as np
+
+    from ttt_bench.data import SyntheticCorpus
+    from ttt_bench.data.token_cache import cache_key
+    from ttt_bench.data.tokenizers import ByteTokenizer
+
+    corpus = SyntheticCorpus(train_docs=3, validation_docs=2, mean_doc_bytes=2000)
+
+    def tokens():
+        dm = LMDataModule(corpus, {"kind": "byte"}, seq_len=32, micro_batch_size=2, cache_dir=str(tmp_path))
+        return np.array(dm.prepare_split("train")[0])
+
+    good = tokens()
+    folder = tmp_path / "tokens" / cache_key(corpus, ByteTokenizer())
+    damaged = good.copy()
+    damaged[7] = 300  # the byte tokenizer's vocabulary is [0, 257)
+    (folder / "train.bin").write_bytes(damaged.tobytes())
+    with caplog.at_level(logging.WARNING, logger="ttt_bench.data.token_cache"):
+        assert np.array_equal(tokens(), good)
+    assert "holds token id 300, outside the tokenizer's vocabulary [0, 257); rebuilding it" in caplog.text
+    meta = json.loads((folder / "train.json").read_text())  # negative ids: a signed dtype in the metadata
+    (folder / "train.json").write_text(json.dumps(meta | {"dtype": "int16"}))
+    (folder / "train.bin").write_bytes(np.full(len(good), -1, np.int16).tobytes())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ttt_bench.data.token_cache"):
+        assert np.array_equal(tokens(), good)
+    assert "holds token id -1" in caplog.text
+
+
+def test_a_generate_seed_torch_cannot_take_is_one_line(capsys, tmp_path, checkpoints):
+    good = str(checkpoints["good"])
+    for seed in (2**64, -(2**63) - 1):
+        err = cli_error(capsys, tmp_path, "generate", good, "--prompt", "a", "--seed", str(seed))
+        assert f"--seed {seed} is outside torch's seed range [-2**63, 2**64)" in err
+    main(["generate", good, "--prompt", "a", "--seed", str(2**64 - 1), "--max-new-tokens", "2"])
+    main(["generate", good, "--prompt", "a", "--seed", "-1", "--max-new-tokens", "2"])  # torch takes both
+
+
+def test_evaluations_of_two_checkpoints_of_a_run_are_kept_apart(tmp_path, capsys):
+    """step-1.ckpt and last.ckpt of one run, evaluated alike, get a folder each, named by the checkpoint's
+    step and a fingerprint of its bytes; reuse follows the bytes, not the path or the modification time."""
+    import shutil
+
+    main(["train", *TINY, "trainer.max_steps=2", "checkpoint_every_n_steps=1", f"paths.runs={tmp_path}"])
+    (last,) = tmp_path.rglob("last.ckpt")
+    run, step1 = last.parent.parent, last.with_name("step-1.ckpt")
+    for ckpt in (step1, last):
+        main(["eval", f"ckpt_path={ckpt}", "max_tokens=256", f"paths.runs={tmp_path}"])
+    found = {p.parent.name: json.loads(p.read_text()) for p in (run / "eval").glob("*/metrics.json")}
+    assert len(found) == 2 and {m["ckpt_path"] for m in found.values()} == {str(step1), str(last)}
+    names = sorted(found)
+    assert [n.rsplit("-", 2)[0] for n in names] == ["trained-data-Ttrained-256"] * 2
+    assert [n.rsplit("-", 2)[1] for n in names] == ["step1", "step2"] and all(
+        len(n.rsplit("-", 1)[1]) == 12 for n in names)
+    assert found[names[0]]["val_loss"] != found[names[1]]["val_loss"]
+    capsys.readouterr()
+    os.utime(last)  # touched, the same bytes: the same evaluation
+    main(["eval", f"ckpt_path={last}", "max_tokens=256", f"paths.runs={tmp_path}"])
+    assert "this eval ran before on the same checkpoint" in "".join(capsys.readouterr())
+    shutil.copy(step1, last)  # step-1's bytes at last.ckpt's path: step-1's evaluation
+    main(["eval", f"ckpt_path={last}", "max_tokens=256", f"paths.runs={tmp_path}"])
+    assert "this eval ran before on the same checkpoint" in "".join(capsys.readouterr())
+    assert sorted(p.parent.name for p in (run / "eval").glob("*/metrics.json")) == names
+
+
+BENCH_FORMS = ["bench", "forms", "--d-model", "32", "--n-heads", "2", "--repeats", "1", "--no-fused"]
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--scopes", "layer,lyer"], "--scopes layer,lyer: unknown scope 'lyer'; use layer, core or layer,core"),
+    (["--quick", "--tokens", "64"], "--tokens 64 is less than one sequence of --seq-len 128"),
+    (["--seq-len", "64", "--tokens", "100"],
+     "--tokens 100 is not a whole number of sequences of --seq-len 64"),
+    (["--seq-len", "128", "--tokens", "128", "--mini-batch-size", "48"],
+     "--mini-batch-size 48 does not divide --seq-len 128 (its last 32 tokens would not be timed)"),
+], ids=["scope", "tokens-quick", "tokens-multiple", "mini-batch"])
+def test_bench_forms_times_what_its_row_says_or_refuses(capsys, tmp_path, options, message):
+    assert message in cli_error(capsys, tmp_path, *BENCH_FORMS, *options, "--out", str(tmp_path / "f.csv"))
+
+
+@pytest.mark.parametrize("run_name", ["../escaped", "a/../../escaped", "ABS"])
+def test_a_run_name_cannot_put_the_run_outside_the_runs_folder(capsys, tmp_path, run_name):
+    run_name = run_name.replace("ABS", str(tmp_path / "escaped"))
+    err = cli_error(capsys, tmp_path, "train", *TINY, f"run_name={run_name}")
+    assert f"run_name={run_name} would put the run outside paths.runs; use a plain name" in err
+    assert not (tmp_path / "escaped").exists()
+
+
+def test_an_empty_image_test_split_is_one_line_naming_it(capsys, tmp_path):
+    from ttt_bench.data.images import ImageDataModule
+
+    err = cli_error(capsys, tmp_path, "train", "task=image", "data=synthetic_images", "model=mttt_linear",
+                    "size=xs", "data.synthetic_test=0", "data.val_examples=32")
+    assert "the test split of data=synthetic_images has no images; set data.synthetic_test to a" in err
+    folder = tmp_path / "fashion"  # IDX files whose test split holds no image
+    folder.mkdir()
+    for name, count in [("train", 40), ("t10k", 0)]:
+        header = b"".join(n.to_bytes(4, "big") for n in (count, 28, 28))
+        (folder / f"{name}-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + header + bytes(count * 784))
+        (folder / f"{name}-labels-idx1-ubyte").write_bytes(
+            b"\x00\x00\x08\x01" + count.to_bytes(4, "big") + bytes(count))
+    dm = ImageDataModule(source="fashion_mnist", folder=str(folder), name="fashion_mnist", val_examples=8)
+    with pytest.raises(UserError, match=f"the test split of data=fashion_mnist has no images; its IDX files "
+                                        f"in {folder} hold no images"):
+        dm.prepare_data()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["data.train_num_kv_pairs=[2,40]"],
+     "data.seq_len=64 is too short for 40 pairs (data.train_num_kv_pairs=[2, 40]) and their queries"),
+    (["data.train_num_kv_pairs=[2,40]", "data.vocab_size=64"],
+     "40 distinct keys (data.train_num_kv_pairs=[2, 40]) need data.vocab_size >= 82"),
+    (["data.train_num_kv_pairs=[2,0]"],
+     "data.train_num_kv_pairs=[2, 0], data.seq_len=64 and data.vocab_size"),
+    (["data.num_kv_pairs=40", "data.vocab_size=64"],
+     "40 distinct keys (data.num_kv_pairs=40) need data.vocab_size >= 82"),
+], ids=["mixture-seq_len", "mixture-vocab", "mixture-zero", "validation-vocab"])
+def test_mqar_pair_errors_name_the_key_that_was_set(capsys, tmp_path, overrides, message):
+    base = [o for o in BASE if not o.startswith("data.num_proc")]
+    err = cli_error(capsys, tmp_path, "train", *base, "data=mqar", *overrides)
+    assert message in err
+    assert "train_num_kv_pairs" in err or not any("train_num_kv_pairs" in o for o in overrides)
+
+
+@pytest.mark.parametrize("override", ["model=mamba", "+model=mamba", "size=xs", "model.d_model=32",
+                                      "trainer=gpu", "recipe=paper"])
+def test_eval_refuses_what_it_takes_from_the_checkpoint(capsys, tmp_path, checkpoints, override):
+    """`eval ... model=mamba` suggested +model=mamba, which then evaluated the checkpoint's own model."""
+    err = cli_error(capsys, tmp_path, "eval", f"ckpt_path={checkpoints['good']}", override)
+    said = f"{override}: ttt-bench eval takes the model, its size and how it was trained from the checkpoint"
+    assert f"{said}; leave it out" in err and "+model" not in err.replace(override, "")

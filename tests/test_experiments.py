@@ -662,11 +662,11 @@ def test_the_gpu_profile_runs_the_long_context_grid_and_leaves_out_sweeps_withou
     assert "matched" not in ft.info and ft.after == "books-transformer-s-T1024-s0"
     assert "data.micro_batch_size=2" in ttt.overrides  # two 34,816-byte sequences a step
     assert EXPERIMENTS["scaling"].left_out("gpu") is None
-    assert "defines no gpu profile" in EXPERIMENTS["table1"].left_out("gpu")
+    assert "defines no gpu profile" in EXPERIMENTS["minibatch"].left_out("gpu")
     args = ["--profile", "gpu", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")]
     with pytest.raises(SystemExit) as e:
-        reproduce.main([*args, "--steps", "table1"])
-    assert e.value.code == 2 and "table1: conf/sweep/ defines no gpu profile" in capsys.readouterr().err
+        reproduce.main([*args, "--steps", "minibatch"])
+    assert e.value.code == 2 and "minibatch: conf/sweep/ defines no gpu profile" in capsys.readouterr().err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:
         reproduce.main([*args, "--steps", "scaling"])
@@ -705,10 +705,10 @@ def test_step_json_names_the_machines_its_runs_trained_on(tmp_path):
 def test_a_claim_whose_method_the_profile_leaves_out_is_not_tested():
     """The gpu profile trains no TTT-MLP: its long-context claim is "not tested" with the reason, while the
     claims of steps the profile leaves out are not tested because of that."""
-    scaling, table1 = EXPERIMENTS["scaling"], EXPERIMENTS["table1"]
+    scaling, minibatch = EXPERIMENTS["scaling"], EXPERIMENTS["minibatch"]
     assert set(scaling.untested("gpu")) == {"scaling.ttt_mlp"} and scaling.untested("cpu") == {}
     assert "books_methods leave TTT-MLP (M) out" in scaling.untested("gpu")["scaling.ttt_mlp"]
-    assert set(table1.untested("gpu")) == {c.id for c in table1.claims}
+    assert set(minibatch.untested("gpu")) == {c.id for c in minibatch.claims}
     latency = EXPERIMENTS["latency"]  # no benchmark in the gpu profile: the GPU campaign measures latency
     assert latency.untested("cpu") == {} and "make gpu-campaign" in latency.untested("gpu")["latency.prefill"]
 

@@ -140,7 +140,7 @@ def test_a_second_sweep_on_a_folder_in_use_is_refused_and_rewrites_nothing(finis
     t.start()
     holding.wait(30)
     try:  # flock locks are per open file: a second open in this process is refused as another process's
-        with pytest.raises(UserError, match=f"in use by ttt-bench process {os.getpid()}"):
+        with pytest.raises(UserError, match=f"in use by process {os.getpid()}"):
             train_stage("table1", "smoke", Stage("t", planned("trainer.max_steps=1")), out)
     finally:
         release.set()

@@ -24,20 +24,28 @@ class RunFolderInUse(UserError):
 
 @contextlib.contextmanager
 def locked(run_dir: Path, enabled: bool = True):
-    """Hold an exclusive lock on `run_dir` for the block; another process gets a one-line error. The OS
-    releases it when the process ends, however it ends (a stale lock file locks nothing)."""
+    """Hold an exclusive lock on `run_dir` for the block; another process gets a one-line error."""
     if not enabled:
         yield
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "a+") as f:
+    with exclusive(Path(run_dir) / ".lock", lambda holder: RunFolderInUse(
+            f"run folder {run_dir} is in use by {holder}; wait for it to finish or give this run another "
+            "folder (paths.runs=... or run_name=...)")):
+        yield
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path, refused):
+    """Hold an OS lock on the file `lock` for the block, recording this process in it; while another
+    process holds it, raise `refused(holder)`. The OS releases it when the process ends, however it ends (a
+    stale lock file locks nothing)."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise RunFolderInUse(f"run folder {run_dir} is in use by {holder}; wait for it to finish or give "
-                                 "this run another folder (paths.runs=... or run_name=...)") from None
+            raise refused(f.read().strip() or "another process") from None
         f.seek(0)
         f.truncate()
         f.write(f"process {os.getpid()}\n")

@@ -10,6 +10,7 @@ them, and each experiment's section shows its files.
 import functools
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,16 +319,12 @@ def update_readme(readme: Path, out: Path, experiments: list, make: str, profile
     step, table, caption = headline
     if (out / step / table).is_file():
         lines += ["", caption, "", (out / step / table).read_text().strip()]
-    lines += ["", status_counts(verdicts), "", "| claim | verdict | evidence |", "|---|---|---|"]
-    lines += [
-        f"| {r.figure}: {r.claim} | **{r.verdict}** | {r.evidence} |"
-        for r in verdicts.itertuples()
-        if r.verdict != "not measured"
-    ]
-    missing = verdicts[verdicts["verdict"] == "not measured"]
-    if len(missing):
-        todo = "; ".join(f"{r.figure}: {r.claim}" for r in missing.itertuples())
-        lines += ["", f"Not measured yet: {todo}"]
+    lines += ["", f"This profile's verdicts: {status_counts(verdicts)} (each claim with its evidence: "
+              f"[{rel}/REPORT.md]({rel}/REPORT.md))."]
+    combined = out.parent / "REPORT.md"  # every profile's verdicts in one table (write_combined_report)
+    if combined.is_file() and (counts := re.search(r"\*\*(\d+ claims: [^*]+)\*\*", combined.read_text())):
+        rel_all = combined.resolve().relative_to(readme.parent.resolve()).as_posix()
+        lines += ["", f"All profiles together ([{rel_all}]({rel_all})): **{counts.group(1)}**"]
     start, end = text.index(README_BLOCK[0]), text.index(README_BLOCK[1])
     write_atomic(readme, text[: start + len(README_BLOCK[0])] + "\n" + "\n".join(lines) + "\n" + text[end:])
 

@@ -13,7 +13,6 @@
 """
 
 import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UserError
-from ...training.run_folder import in_use
+from ...training.run_folder import exclusive, in_use
 from .plan import Run, identity
 from .registry import read_metrics
 
@@ -38,23 +37,10 @@ def claimed(out: Path, sweep: str):
     that belongs to another sweep or is no sweep folder."""
     out = Path(out)
     check_owner(out, sweep)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            raise UserError(f"sweep folder {out} is in use by {holder}; wait for it to finish, or train this "
-                            "sweep into another folder (ablate --out DIR)") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"ttt-bench process {os.getpid()}\n")
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with exclusive(out / LOCK, lambda holder: UserError(
+            f"sweep folder {out} is in use by {holder}; wait for it to finish, or train this sweep into "
+            "another folder (ablate --out DIR)")):
+        yield
 
 
 def check_owner(out: Path, sweep: str) -> None:
