@@ -8,6 +8,7 @@ STEPS ?=
 JOBS ?= 2
 DATA_DIR ?=
 EXTRAS ?= dev
+REPLACE ?=
 
 .PHONY: setup test reproduce bench lint clean gpu-campaign wheelhouse mamba-sources mamba-wheels
 
@@ -29,7 +30,7 @@ lint: setup
 	$(VENV)/bin/ruff check ttt_bench cli kernels tests
 
 reproduce: setup
-	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(if $(STEPS),--steps $(STEPS)) --jobs $(JOBS)
+	$(PY) -m ttt_bench.reproduce --profile $(PROFILE) $(if $(DATA_DIR),--data-dir $(DATA_DIR)) $(if $(STEPS),--steps $(STEPS)) --jobs $(JOBS) $(if $(REPLACE),--replace)
 
 # The speed figures of the README (docs/speed.md): every suite at the CPU reference size, into results/speed/.
 bench: SHELL := /bin/bash
@@ -59,22 +60,37 @@ PLATFORM ?=
 WHEEL_EXTRAS ?=
 WHEEL_PY := $(if $(filter command line,$(origin PY)),$(PY))
 WHEEL_TARGET = $(if $(WHEEL_PY),--python $(WHEEL_PY)) $(if $(PLATFORM),--platform $(PLATFORM))
-wheelhouse mamba-sources: override PY := $(VENV)/bin/python
+wheelhouse mamba-sources mamba-wheels: override PY := $(VENV)/bin/python
 wheelhouse: setup
 	$(PY) -m ttt_bench.wheelhouse $(WHEEL_TARGET) --out $(WHEELHOUSE) $(if $(WHEEL_EXTRAS),--extras $(WHEEL_EXTRAS))
 
 # mamba-ssm and causal-conv1d (the cuda extra) have only sources on PyPI and compile against the node's
-# torch. mamba-sources (online): their sources into WHEELHOUSE/src and the wheels they need into WHEELHOUSE.
-# mamba-wheels: where nvcc and the node's CUDA torch (NODE_PYTHON) are, their wheels for CUDA_ARCH (getting
-# the sources first where they are missing), e.g. make mamba-wheels CUDA_ARCH=9.0 WHEELHOUSE=wheelhouse
+# torch. mamba-wheels (online, needs nvcc, no GPU): a Python 3.12 (PY) build venv in MAMBA_BUILD/venv, made
+# once, with PyPI's CUDA torch NODE_TORCH, then their wheels for CUDA_ARCH only (setup.py patched), stripped,
+# into WHEELHOUSE, at nice 19 with MAX_JOBS nvcc processes, e.g. make mamba-wheels CUDA_ARCH=8.0 (A100);
+# LINEINFO=1 keeps nvcc's -lineinfo (profilers' source view; wheels about 4 times as big).
+# With NODE_PYTHON (a Python with the node's CUDA torch, no network needed): built with it instead, from the
+# sources and wheels of mamba-sources (online: their sources into WHEELHOUSE/src, the wheels they need).
 CUDA_ARCH ?= 9.0
-NODE_PYTHON ?= python3
+NODE_TORCH ?= 2.11.0
+NODE_PYTHON ?=
+BUILD_PYTHON ?=
+MAMBA_BUILD ?= .cache/mamba-build
+MAX_JOBS ?= 2
+LINEINFO ?=
 mamba-sources: setup
 	$(PY) -m ttt_bench.wheelhouse --step mamba-sources $(WHEEL_TARGET) --out $(WHEELHOUSE)
 
-mamba-wheels:
+MAMBA_ARGS = --step mamba-wheels --cuda-arch '$(CUDA_ARCH)' --out $(WHEELHOUSE) --build-dir $(MAMBA_BUILD) \
+	$(if $(LINEINFO),--lineinfo)
+mamba-wheels: $(if $(NODE_PYTHON),,setup)
+ifneq ($(NODE_PYTHON),)
 	$(if $(wildcard $(WHEELHOUSE)/src/*.tar.gz),,$(MAKE) mamba-sources)
-	$(NODE_PYTHON) -m ttt_bench.wheelhouse --step mamba-wheels --cuda-arch $(CUDA_ARCH) --out $(WHEELHOUSE)
+	MAX_JOBS=$(MAX_JOBS) nice -n 19 $(NODE_PYTHON) -m ttt_bench.wheelhouse $(MAMBA_ARGS)
+else
+	MAX_JOBS=$(MAX_JOBS) nice -n 19 $(VENV)/bin/python -m ttt_bench.wheelhouse $(MAMBA_ARGS) --build-venv \
+		--python $(or $(WHEEL_PY),3.12) --torch $(NODE_TORCH) $(if $(BUILD_PYTHON),--build-python $(BUILD_PYTHON))
+endif
 
 clean:
 	rm -rf $(VENV) runs .cache

@@ -44,6 +44,10 @@ def run(args: list[str]) -> None:
     from ttt_bench.io import write_atomic
     from ttt_bench.machine import hardware
 
+    if args[:1] == ["forms"]:
+        from ttt_bench.bench.forms import compile_cache
+
+        compile_cache()  # before parser() imports the models, and with them torch._dynamo
     a = parser().parse_args(args)
     check_options(a)
     suite = importlib.import_module(f"ttt_bench.bench.{a.suite}")

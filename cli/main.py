@@ -17,13 +17,18 @@ from ttt_bench.errors import Interrupted, UserError
 
 __all__ = ["SUBCOMMANDS", "ArgumentParser", "fail", "main", "os_error"]
 
+def user_error(e: BaseException) -> UserError | None:
+    """The UserError behind `e`, e.g. one raised by a resolver, wrapped by OmegaConf (which chains it as the
+    cause, or as the context where it resolves Hydra's run folder)."""
+    while e is not None and not isinstance(e, UserError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
 def one_line(e: BaseException) -> str:
     """The most specific line of an exception (Hydra wraps instantiation errors in several lines)."""
-    cause = e
-    while cause is not None:  # e.g. a UserError raised by a resolver, wrapped by OmegaConf
-        if isinstance(cause, UserError):
-            return str(cause)
-        cause = cause.__cause__
+    if found := user_error(e):
+        return str(found)
     if e.__cause__ is not None and not isinstance(e.__cause__, OmegaConfBaseException):
         e = e.__cause__  # e.g. the model's ValueError inside Hydra's InstantiationException
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
@@ -53,6 +58,8 @@ def composition_error(e: Exception, args: list[str] = ()) -> str:
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+    if found := user_error(e):  # e.g. run_name=../x, refused by its resolver
+        return str(found)
     cause = e.__cause__
     if isinstance(e, MissingConfigException) and e.options:  # model=transfomer
         group, _, name = e.missing_cfg_file.rpartition("/")
@@ -123,9 +130,19 @@ def cmd_train(args: list[str]) -> None:
     run_hydra_app("train", "train", train, args)
 
 
+# train's config groups that eval reads from the checkpoint: an override of one would be ignored
+FROM_CHECKPOINT = ("model", "size", "recipe", "trainer", "task", "logger", "experiment")
+
+
 def cmd_eval(args: list[str]) -> None:
     from ttt_bench.training.eval_run import run_eval
 
+    for arg in args:
+        group = arg.lstrip("+~").partition("=")[0].split(".")[0].split("/")[0]
+        if group in FROM_CHECKPOINT:
+            fail(f"{arg}: ttt-bench eval takes the model, its size and how it was trained from the "
+                 "checkpoint; leave it out, or pass the checkpoint of another run (eval's options: data=, "
+                 "seq_len=, max_tokens=, batch_size=, device=, force=)")
     run_hydra_app("eval", "eval", run_eval, args)
 
 
@@ -145,6 +162,8 @@ def cmd_generate(args: list[str]) -> None:
         fail("--prompt is empty; give some text to continue, e.g. --prompt 'The'")
     if a.max_new_tokens < 1 or a.top_k < 0:
         fail("--max-new-tokens must be >= 1 and --top-k >= 0")
+    if not -(2**63) <= a.seed < 2**64:  # torch.Generator.manual_seed's range
+        fail(f"--seed {a.seed} is outside torch's seed range [-2**63, 2**64); use e.g. --seed 0")
     if not (math.isfinite(a.temperature) and a.temperature >= 0):
         fail(f"--temperature {a.temperature} must be a number >= 0 (0: greedy decoding)")
     from ttt_bench.generate import sample

@@ -100,14 +100,15 @@ def test_a_logger_without_its_package_is_one_line_before_anything_is_written(tmp
 
 
 def test_eval_writes_beside_the_run_and_reuses_the_same_eval(tmp_path, capsys):
-    """`ttt-bench eval` of a run's checkpoint writes <run>/eval/<data>-T<context>-<tokens>/metrics.json; the
-    same eval again reuses it, force=true evaluates again (issue 35, point 4)."""
+    """`ttt-bench eval` of a run's checkpoint writes <run>/eval/<data>-T<context>-<tokens>-step<N>-<sha256 of
+    the checkpoint, 12 hex>/metrics.json; the same eval again reuses it, force=true evaluates again (issue 35,
+    point 4; issue 46, point 6)."""
     main(["train", "model=transformer", "size=xs", *TINY, "trainer.max_steps=2", f"paths.runs={tmp_path}"])
     (ckpt,) = tmp_path.rglob("last.ckpt")
     run = ckpt.parent.parent
     args = ["eval", f"ckpt_path={ckpt}", "max_tokens=512", f"paths.runs={tmp_path / 'elsewhere'}"]
     main(args)
-    out = run / "eval" / "trained-data-Ttrained-512" / "metrics.json"
+    (out,) = (run / "eval").glob("trained-data-Ttrained-512-step2-*/metrics.json")
     first = json.loads(out.read_text())
     assert first["val_tokens"] == 512 and not (tmp_path / "elsewhere").exists()
     capsys.readouterr()

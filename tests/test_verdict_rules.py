@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from ttt_bench.experiments import EXPERIMENTS
-from ttt_bench.experiments.engine import report
+from ttt_bench.experiments.engine import combined, report
 from ttt_bench.experiments.engine.experiment import Experiment
 from ttt_bench.experiments.engine.stats import POWER, Difference, difference
 from ttt_bench.experiments.engine.verdicts import (
@@ -258,7 +258,7 @@ def test_combined_report_shows_each_claim_at_the_largest_profile_that_decided_it
     (tmp_path / "gpu" / "machine.json").write_text(json.dumps({"gpu": "NVIDIA H200"}))
     experiments = [Toy(), EXPERIMENTS["latency"]]
 
-    table = report.combined_verdicts(tmp_path, experiments).set_index("id")
+    table = combined.combined_verdicts(tmp_path, experiments).set_index("id")
     both = table.loc["toy.both", ["cpu", "gpu", "verdict", "profile"]].tolist()
     assert both == [HOLDS, HOLDS, HOLDS, "gpu"]
     assert table.loc["toy.cpu_only", ["cpu", "gpu", "profile"]].tolist() == [HOLDS, INCONCLUSIVE, "cpu"]
@@ -267,7 +267,7 @@ def test_combined_report_shows_each_claim_at_the_largest_profile_that_decided_it
     assert "batch 16 (the paper's)" in fig3["gpu_scale"] and "NVIDIA H200" in fig3["gpu_scale"]
     assert "bench_prefill_1.3b_b4_64k.csv" not in fig3["gpu_scale"]
 
-    text = report.write_combined_report(tmp_path, experiments).read_text()
+    text = combined.write_combined_report(tmp_path, experiments).read_text()
     assert (tmp_path / "REPORT.md").is_file()
     assert "**3 claims: 2 holds, 1 does not hold; 1 checks: 1 holds.**" in text
     assert "Decided (holds or does not hold): 3 of 3 claims, 1 by the cpu profile alone, 0 by the gpu " \

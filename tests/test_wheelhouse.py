@@ -7,12 +7,17 @@ environment sees this one's torch, lightning, numpy, pandas, matplotlib and what
 site folder of symlinks to exactly those packages, so hydra, datasets and the rest can only come from the
 wheelhouse."""
 
+import base64
+import csv
+import hashlib
 import importlib.metadata
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -168,3 +173,107 @@ def test_the_walk_follows_the_target_not_this_interpreter():
 def test_the_mamba_wheels_need_their_sources_first(tmp_path, capsys):
     assert wheelhouse.main(["--step", "mamba-wheels", "--out", str(tmp_path)]) == 2
     assert "no sources in" in capsys.readouterr().err
+
+
+# The layout of mamba-ssm 2.3.2's and causal-conv1d 1.7.0's setup.py: an unconditional list, then more by
+# nvcc version, then the flags in the CUDA compile arguments (make mamba-wheels patches it, no nvcc here).
+FAKE_SETUP = '''import os
+cc_flag = []
+if HIP_BUILD:
+    cc_flag.append("-DBUILD_PYTHON_PACKAGE")
+else:
+    check_if_cuda_home_none(PACKAGE_NAME)
+
+    cc_flag.append("-gencode")
+    cc_flag.append("arch=compute_75,code=sm_75")
+    cc_flag.append("-gencode")
+    cc_flag.append("arch=compute_80,code=sm_80")
+    if bare_metal_version >= Version("11.8"):
+        cc_flag.append("-gencode")
+        cc_flag.append("arch=compute_90,code=sm_90")
+    if bare_metal_version >= Version("13.0"):
+        cc_flag.append("-gencode")
+        cc_flag.append('arch=compute_121,code=sm_121')
+nvcc = [
+    "-O3",
+    "-lineinfo",
+] + cc_flag
+'''
+
+
+def patched_flags(setup_py, hip=False, cuda="13.0"):
+    """The nvcc flags that the (patched) fake setup.py computes."""
+    version = lambda v: tuple(map(int, v.split(".")))  # noqa: E731
+    scope = {"HIP_BUILD": hip, "PACKAGE_NAME": "x", "check_if_cuda_home_none": lambda name: None,
+             "bare_metal_version": version(cuda), "Version": version}
+    exec(compile(setup_py.read_text(), str(setup_py), "exec"), scope)
+    return scope["nvcc"]
+
+
+@pytest.mark.parametrize(("arch", "flags"), [
+    ("9.0", ["-gencode", "arch=compute_90,code=sm_90"]),
+    ("8.0;9.0", ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]),
+    ("8.6+PTX", ["-gencode", "arch=compute_86,code=sm_86", "-gencode", "arch=compute_86,code=compute_86"])])
+def test_the_mamba_setup_py_is_patched_to_compile_for_one_architecture(tmp_path, arch, flags):
+    setup_py = tmp_path / "setup.py"
+    setup_py.write_text(FAKE_SETUP)
+    assert patched_flags(setup_py)[2:] == ["-gencode", "arch=compute_75,code=sm_75", "-gencode",
+                                           "arch=compute_80,code=sm_80", "-gencode",
+                                           "arch=compute_90,code=sm_90", "-gencode",
+                                           "arch=compute_121,code=sm_121"]
+    wheelhouse.patch_setup(setup_py, arch, lineinfo=True)
+    for cuda in ("11.7", "13.0"):  # the nvcc versions' branches add nothing now
+        assert patched_flags(setup_py, cuda=cuda) == ["-O3", "-lineinfo", *flags]
+    assert patched_flags(setup_py, hip=True) == ["-O3", "-lineinfo", "-DBUILD_PYTHON_PACKAGE"]
+    assert "arch=compute_75" not in setup_py.read_text()
+    with pytest.raises(wheelhouse.UserError, match="no cc_flag.append"):  # once only
+        wheelhouse.patch_setup(setup_py, arch)
+    setup_py.write_text(FAKE_SETUP)
+    wheelhouse.patch_setup(setup_py, arch)  # the default: without -lineinfo (3/4 of the device code)
+    assert patched_flags(setup_py) == ["-O3", *flags]
+
+
+@pytest.mark.parametrize(("setup", "why"), [
+    ('cc_flag = []\ncc_flag += ["-gencode", "arch=compute_90,code=sm_90"]\n', "no cc_flag.append"),
+    (FAKE_SETUP.replace('    cc_flag.append("-gencode")\n    cc_flag.append("arch=compute_75,code=sm_75")\n'
+                        '    cc_flag.append("-gencode")\n    cc_flag.append("arch=compute_80,code=sm_80")\n',
+                        ""), "first -gencode pair is inside a block"),
+    (FAKE_SETUP + 'nvcc += ["-gencode", "arch=compute_100,code=sm_100"]\n', "-gencode flags outside"),
+])
+def test_a_setup_py_of_another_layout_is_a_one_line_error_and_left_alone(tmp_path, capsys, setup, why):
+    setup_py = tmp_path / "setup.py"
+    setup_py.write_text(setup)
+    with pytest.raises(wheelhouse.UserError, match=why) as error:
+        wheelhouse.patch_setup(setup_py, "9.0")
+    assert "\n" not in str(error.value) and "CUDA_ARCH=9.0" in str(error.value)
+    assert setup_py.read_text() == setup
+    with pytest.raises(wheelhouse.UserError, match="expected compute capabilities"):
+        wheelhouse.arch_flags("sm_90")
+
+
+def test_a_stripped_wheel_has_a_record_that_matches_its_files(tmp_path):
+    """strip_wheel rewrites the wheel with the new hash and size of each file in RECORD."""
+    if shutil.which("strip") is None or shutil.which("cc") is None:
+        pytest.skip("no strip or cc here")
+    (tmp_path / "x.c").write_text("int answer(void) { return 42; }\n")
+    subprocess.run(["cc", "-g", "-shared", "-fPIC", "-o", str(tmp_path / "x.so"), str(tmp_path / "x.c")],
+                   check=True)
+    wheel = tmp_path / "x-1.0-cp312-cp312-linux_x86_64.whl"
+    files = {"x.so": (tmp_path / "x.so").read_bytes(), "x-1.0.dist-info/METADATA": b"Name: x\n"}
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("x-1.0.dist-info/RECORD", "x.so,sha256=old,1\nx-1.0.dist-info/METADATA,,\n"
+                   "x-1.0.dist-info/RECORD,,\n")
+    before, after = wheelhouse.strip_wheel(wheel)
+    assert after < before
+    with zipfile.ZipFile(wheel) as z:
+        assert z.testzip() is None
+        rows = list(csv.reader(z.read("x-1.0.dist-info/RECORD").decode().splitlines()))
+        assert [r[0] for r in rows] == ["x.so", "x-1.0.dist-info/METADATA", "x-1.0.dist-info/RECORD"]
+        for name, digest, size in rows[:2]:
+            data = z.read(name)
+            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert digest == f"sha256={sha}"
+            assert int(size) == len(data)
+        assert len(z.read("x.so")) < len(files["x.so"])

@@ -3,6 +3,7 @@
 import hashlib
 import math
 import os
+from functools import lru_cache
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -65,13 +66,54 @@ def runs_root() -> Path:
     return Path(env("TTT_BENCH_RUNS", "runs"))
 
 
+def _run_name(name) -> str:
+    """run_name as a folder under paths.runs: a relative path that stays there (no .., not absolute)."""
+    from .errors import UserError
+
+    path = Path(str(name))
+    if path.is_absolute() or ".." in path.parts:
+        raise UserError(f"run_name={name} would put the run outside paths.runs; use a plain name, e.g. "
+                        "run_name=my-run (paths.runs=... chooses the folder of runs)")
+    return str(name)
+
+
+@lru_cache(maxsize=8)
+def _checkpoint_id(path: str, size: int, mtime_ns: int) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    try:  # mmap: the tensors stay on disk, only the step is read
+        step = torch.load(path, map_location="cpu", mmap=True, weights_only=False).get("global_step")
+    except Exception:  # not a checkpoint: eval says so
+        step = None
+    return (f"step{step}-" if isinstance(step, int) else "") + digest.hexdigest()[:12]
+
+
+def checkpoint_id(ckpt_path) -> str | None:
+    """What an evaluation evaluates: step<N>-<the first 12 hex digits of the file's sha256> (no step for a
+    checkpoint that records none), None where there is no such file. The same bytes are the same checkpoint
+    wherever they lie and whatever their modification time; the hash is read once per file and process."""
+    try:
+        path = Path(str(ckpt_path)).resolve()
+        stat = path.stat()
+    except (OSError, ValueError):
+        return None
+    return _checkpoint_id(str(path), stat.st_size, stat.st_mtime_ns) if path.is_file() else None
+
+
 def _eval_dir(ckpt_path, runs: str, data, seq_len, max_tokens) -> str:
     """Where `ttt-bench eval` writes: <run>/eval/ for a checkpoint in a run's checkpoints/ folder (beside
-    the run it describes), else <runs>/eval/; then a folder per data, context and tokens evaluated."""
+    the run it describes), else <runs>/eval/; then a folder per data, context, tokens and checkpoint
+    evaluated: <data>-T<context>-<tokens>-step<N>-<sha256 of the checkpoint, 12 hex digits>."""
     ckpt = Path(str(ckpt_path)) if ckpt_path else None
     run = ckpt.parent.parent if ckpt is not None and ckpt.parent.name == "checkpoints" else None
     root = run / "eval" if run is not None and (run / "identity.json").is_file() else Path(runs) / "eval"
     name = f"{data or 'trained-data'}-T{seq_len or 'trained'}-{max_tokens or 'all'}"
+    if ckpt is not None and (ident := checkpoint_id(ckpt)):
+        name += f"-{ident}"
     return str(root / _slug(name))
 
 
@@ -79,6 +121,7 @@ def register_resolvers() -> None:
     for name, fn in {
         "ttt.env": env,
         "ttt.eval_dir": _eval_dir,
+        "ttt.run_name": _run_name,
         "ttt.slug": _slug,
         "ttt.gpu_precision": _gpu_precision,
         "ttt.steps": _steps,

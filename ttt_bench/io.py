@@ -67,25 +67,33 @@ def write_failed(e: BaseException, path: str | Path) -> OSError:
                    os.strerror(errno.ENOSPC) if full else f"write failed ({reason[:200]})", str(path))
 
 
+def not_numbers(values: pd.Series) -> pd.Series:
+    """Which cells hold text that is not a number ("n/a", "0.9x"); an empty cell (missing) and nan (a skipped
+    step's loss) pass."""
+    nan = values.astype(str).str.strip().str.lower().str.lstrip("+-") == "nan"
+    return values.notna() & pd.to_numeric(values, errors="coerce").isna() & ~nan
+
+
 def read_table(path: str | Path, required: tuple = (), numeric: tuple = (), unique: str | None = None,
                fix: str = "restore it, or delete it and run the command that wrote it again") -> pd.DataFrame:
     """A CSV that ttt-bench wrote, checked as it is read: it parses, has the `required` columns, the `numeric`
     columns present hold numbers (nan allowed: a skipped step's loss) and come back as numbers, and no value
-    of `unique` repeats. Anything else is a one-line UserError naming the file, its line and `fix`."""
+    of `unique` repeats. Anything else is a one-line UserError naming the file, its line and `fix`. Only an
+    empty cell is missing (what pandas writes for NaN): text such as "n/a" or "NA" stays text, so that a
+    measured column holding it is an error rather than a silently dropped value."""
     path = Path(path)
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{path} is not a readable CSV ({reason}); {fix}") from None
     if missing := [c for c in required if c not in df]:
         raise UserError(f"{path} has no column {', '.join(missing)} (was its header edited?); {fix}")
     for col in (c for c in numeric if c in df and not pd.api.types.is_numeric_dtype(df[c])):
-        values = pd.to_numeric(df[col], errors="coerce")
-        if (bad := df[col].notna() & values.isna()).any():
+        if (bad := not_numbers(df[col])).any():
             i = bad.idxmax()  # file lines: the header is line 1
             raise UserError(f"{path}, line {int(i) + 2}: {col} is {df.at[i, col]!r}, not a number; {fix}")
-        df[col] = values
+        df[col] = pd.to_numeric(df[col], errors="coerce")
     if unique is not None and unique in df and (twice := df[unique][df[unique].duplicated()]).size:
         value = twice.iloc[0]
         lines = [int(i) + 2 for i in df.index[df[unique] == value]]

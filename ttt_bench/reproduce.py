@@ -21,9 +21,10 @@ import torch
 from .config import runs_root
 from .errors import UserError
 from .experiments import EXPERIMENTS, steps
+from .experiments.engine.combined import write_combined_report
 from .experiments.engine.cost import ASSUMED_MFU, run_cost
 from .experiments.engine.plan import PROFILES, composed
-from .experiments.engine.report import StepContext, update_readme, write_combined_report, write_report
+from .experiments.engine.report import StepContext, update_readme, write_report
 from .experiments.engine.runner import Progress, Stage
 
 README_HEADLINE = ("table1", "table1.md",

@@ -10,11 +10,18 @@ parameters returned, not accumulated (as after `zero_grad(set_to_none=True)`).
 """
 
 import argparse
+import os
+from pathlib import Path
 
 import pandas as pd
 import torch
 
+from ..config import env
+from ..errors import UserError
 from . import common
+
+SCOPES = ("layer", "core")
+QUICK = {"d_model": 64, "seq_len": 128, "tokens": 256}  # --quick, for the options left at their defaults
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mini-batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per call: batch = tokens / seq_len")
-    parser.add_argument("--scopes", default="layer,core")
-    parser.add_argument("--quick", action="store_true", help="d_model 64, 256 tokens of 128")
+    parser.add_argument("--scopes", default="layer,core", help="layer, core or both")
+    parser.add_argument("--quick", action="store_true",
+                        help="d_model 64, 256 tokens of 128, where not given explicitly")
     parser.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
                         help="also time dual-fused (torch.compile: seconds of compiling before the timing)")
     common.add_device_arguments(parser)
@@ -70,11 +78,42 @@ def _fwd_bwd(forward, inputs):
     return lambda: torch.autograd.grad(forward(), inputs, dy)
 
 
+def check(args) -> None:
+    """What is timed is what the row says: known scopes, whole sequences, whole mini-batches."""
+    if unknown := [s for s in args.scopes.split(",") if s not in SCOPES]:
+        raise UserError(f"--scopes {args.scopes}: unknown scope {unknown[0]!r}; use layer, core or "
+                        "layer,core")
+    T, b, tokens = args.seq_len, args.mini_batch_size, args.tokens
+    if tokens < T:
+        raise UserError(f"--tokens {tokens} is less than one sequence of --seq-len {T}; use --tokens {T} "
+                        "or more")
+    if tokens % T:
+        raise UserError(f"--tokens {tokens} is not a whole number of sequences of --seq-len {T}; use a "
+                        f"multiple, e.g. --tokens {tokens - tokens % T}")
+    if T % b:
+        raise UserError(f"--mini-batch-size {b} does not divide --seq-len {T} (its last {T % b} tokens would "
+                        f"not be timed); use a multiple of {b}, e.g. --seq-len {max(b, T - T % b)}")
+
+
+def compile_cache() -> Path:
+    """Where torch.compile keeps its compiled code (Inductor's and Triton's caches): in the toolkit's cache
+    folder ($TTT_BENCH_CACHE, default ~/.cache/ttt-bench), not in $TMPDIR, unless TORCHINDUCTOR_CACHE_DIR
+    says otherwise. To take effect it must run before torch._dynamo is imported (importing the models does),
+    which sets TORCHINDUCTOR_CACHE_DIR to its own default."""
+    root = Path(env("TTT_BENCH_CACHE", str(Path.home() / ".cache" / "ttt-bench")))
+    folder = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "torch-compile")))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+    return folder
+
+
 def run(args) -> pd.DataFrame:
-    if args.quick:
-        args.d_model, args.seq_len, args.tokens = 64, 128, 256
-    if args.tokens < args.seq_len:
-        raise ValueError(f"--tokens {args.tokens} is less than one sequence of --seq-len {args.seq_len}")
+    if args.quick:  # an option given explicitly is kept, and checked
+        defaults = argparse.ArgumentParser()
+        add_arguments(defaults)
+        for key, value in QUICK.items():
+            if getattr(args, key) == defaults.get_default(key):
+                setattr(args, key, value)
+    check(args)
     from ttt_bench.models.ttt.kernel_check import use_triton
 
     device = common.setup(args)
@@ -104,3 +143,7 @@ def run(args) -> pd.DataFrame:
         baseline = df[df.impl == impl].set_index("scope").ms_fwd_bwd
         df[f"speedup_vs_{impl}"] = df.scope.map(baseline) / df.ms_fwd_bwd
     return df
+
+
+def summary(df: pd.DataFrame) -> list[str]:
+    return [f"torch.compile cache: {compile_cache()}"] if (df.impl == "dual-fused").any() else []

@@ -253,6 +253,10 @@ class ImageDataModule(L.LightningDataModule):
             "test": (test_images, test_labels),
         }
         for split, (x, y) in parts.items():
+            if not len(y):
+                fix = (f"set data.synthetic_{split} to a positive number" if self.source == "synthetic" else
+                       f"its IDX files in {self.folder} hold no images; download them again")
+                raise UserError(f"the {split} split of data={self.name} has no images; {fix}")
             if int(y.max()) >= self.num_classes:
                 raise UserError(
                     f"{split} labels go up to {int(y.max())}, data.num_classes={self.num_classes}"

@@ -51,16 +51,19 @@ def query_slots(seq_len: int, num_kv_pairs: int) -> int:
     return (seq_len + 1 - 2 * num_kv_pairs) // 2
 
 
-def check_options(vocab_size: int, num_kv_pairs: int, seq_len: int, power_a: float) -> None:
+def check_options(vocab_size: int, num_kv_pairs: int, seq_len: int, power_a: float,
+                  key: str | None = None) -> None:
+    """`key`: the setting the number of pairs comes from, as the messages name it (a training mixture's:
+    data.train_num_kv_pairs=[2, 40]); default data.num_kv_pairs=N."""
+    key = key or f"data.num_kv_pairs={num_kv_pairs}"
     if num_kv_pairs < 1 or seq_len < 1 or vocab_size < 1:
-        raise UserError(f"data.num_kv_pairs ({num_kv_pairs}), data.seq_len ({seq_len}) and data.vocab_size "
-                        f"({vocab_size}) must be >= 1")
+        raise UserError(f"{key}, data.seq_len={seq_len} and data.vocab_size={vocab_size} must all be >= 1")
     if num_kv_pairs > vocab_size // 2 - 1:
-        raise UserError(f"data.num_kv_pairs={num_kv_pairs} distinct keys need data.vocab_size >= "
+        raise UserError(f"{num_kv_pairs} distinct keys ({key}) need data.vocab_size >= "
                         f"{2 * num_kv_pairs + 2} (keys come from [1, V/2), values from [V/2, V))")
     if query_slots(seq_len, num_kv_pairs) < num_kv_pairs:
-        raise UserError(f"data.seq_len={seq_len} is too short for {num_kv_pairs} pairs and their queries: "
-                        f"it needs >= {4 * num_kv_pairs - 1} tokens (2 per pair, 2 per query)")
+        raise UserError(f"data.seq_len={seq_len} is too short for {num_kv_pairs} pairs ({key}) and their "
+                        f"queries: it needs >= {4 * num_kv_pairs - 1} tokens (2 per pair, 2 per query)")
     if not (power_a > 0 and math.isfinite(power_a)):  # inf would give every sequence the same query slots
         raise UserError(f"data.power_a={power_a} must be a finite number > 0 (1.0: uniform query placement)")
     if vocab_size > np.iinfo(np.int32).max:
@@ -124,8 +127,9 @@ def generate(n: int, vocab_size: int, num_kv_pairs: int, seq_len: int, power_a: 
     numbers of pairs that share every chunk in equal parts instead of `num_kv_pairs` (Zoology trains on such
     a mix of easy and hard sequences); the query positions are then padded with -1 to the largest."""
     counts = list(mixture) if mixture else [num_kv_pairs]
+    key = f"data.train_num_kv_pairs={counts}" if mixture else None
     for N in counts:
-        check_options(vocab_size, N, seq_len, power_a)
+        check_options(vocab_size, N, seq_len, power_a, key)
     if split not in SPLITS:
         raise UserError(f"unknown split '{split}'; use one of {', '.join(SPLITS)}")
     width = max(counts)
@@ -218,7 +222,7 @@ class MQARDataModule(L.LightningDataModule):
         self.power_a, self.random_non_queries = float(power_a), bool(random_non_queries)
         self.mixture = [int(n) for n in train_num_kv_pairs] if train_num_kv_pairs else None
         for n in self.mixture or []:
-            check_options(vocab_size, n, seq_len, power_a)
+            check_options(vocab_size, n, seq_len, power_a, f"data.train_num_kv_pairs={self.mixture}")
         self.examples = {"train": train_examples, "validation": val_examples}
         self.micro_batch_size, self.val_tokens = micro_batch_size, val_tokens
         self.seed, self.name = seed, name

@@ -126,11 +126,26 @@ def build_tokens(corpus, tokenizer, split: str, cache_dir: Path, key: str,
     return _open(folder / f"{split}.bin", dtype, n_tokens), meta
 
 
+def _ids_outside(array: np.ndarray, vocab_size: int) -> int | None:
+    """A token id of `array` that the tokenizer's vocabulary [0, vocab_size) has no embedding for (a damaged
+    cache, or one whose metadata was edited), or None when every id is in range."""
+    if not array.size:
+        return None
+    high = int(array.max())
+    low = int(array.min()) if array.dtype.kind == "i" else 0  # unsigned (as written): never negative
+    return high if high >= vocab_size else low if low < 0 else None
+
+
 def cached_tokens(corpus, tokenizer, split: str, cache_dir: Path,
                   num_proc: int = 1) -> tuple[np.ndarray, dict]:
-    """`corpus`' split from its cache, built first when there is no valid one."""
+    """`corpus`' split from its cache, built first when there is no valid one (none, partial, or holding
+    ids outside the tokenizer's vocabulary, which the embedding would fail on)."""
     key = cache_key(corpus, tokenizer)
     loaded = load_tokens(cache_dir, key, split)
+    if loaded is not None and (bad := _ids_outside(loaded[0], tokenizer.vocab_size)) is not None:
+        log.warning("token cache %s/%s holds token id %s, outside the tokenizer's vocabulary [0, %d); "
+                    "rebuilding it", key, split, bad, tokenizer.vocab_size)
+        loaded = None
     if loaded is None:
         log.info("building token cache %s/%s under %s", key, split, cache_dir)
         loaded = build_tokens(corpus, tokenizer, split, cache_dir, key, num_proc)

@@ -2,6 +2,7 @@
 TTT-MLP and Mamba: the suite of `ttt-bench bench models` at the profile's size (smoke skips it). Nothing is
 trained; the benchmark runs alone (a busy machine would time itself)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from ..io import read_table
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand, Section, read_csv
 from .engine.report import Step
+from .engine.tables import context_label
 from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Claim, Verdict
 
 PROFILES = {  # `ttt-bench bench models` arguments per profile
@@ -84,6 +86,41 @@ def prefill_faster_from_8k(r) -> Verdict:
     return Verdict(status, sentence, {"ratio": ratio.to_dict()})
 
 
+
+def campaign_latency(folder: Path) -> tuple[pd.DataFrame | None, str | None]:
+    """Figure 3's prefill at the paper profile's size and batch (PROFILES['paper']) from a GPU
+    campaign's benchmark CSVs in `folder` (`bench_prefill_<size>*.csv`, which no step folder holds), as the
+    latency step's latency.csv, with a line that says what it is; (None, None) where there are none. A
+    context where one model has no time (out of memory) is left out and named."""
+    args = PROFILES["paper"]
+    size, batch = args[args.index("--size") + 1], int(args[args.index("--batch") + 1])
+    files = sorted(Path(folder).glob(f"bench_prefill_{size}*.csv"))
+    if not files:
+        return None, None
+    bench = pd.concat([pd.read_csv(f).assign(file=f.name) for f in files], ignore_index=True)
+    lat = pd.to_numeric(bench["latency_ms_per_token"], errors="coerce")
+    rows = bench[(bench["phase"] == "prefill") & (pd.to_numeric(bench["batch"], errors="coerce") == batch)
+                 & lat.notna()]
+    both = rows.groupby("context")["model"].agg(lambda m: {"ttt_linear", "transformer"} <= set(m))
+    rows = rows[rows["context"].isin(both[both].index)]
+    if rows.empty:
+        return None, None
+    used = sorted(rows["file"].unique())
+    oom = bench[(bench["phase"] == "prefill") & bench["note"].astype(str).str.contains("out of memory")
+                & ~bench["context"].isin(rows["context"])]
+    device = "/".join(sorted(rows["device"].dropna().astype(str).unique())) if "device" in rows else ""
+    machine = Path(folder) / "machine.json"
+    if machine.is_file() and device.startswith("cuda"):
+        device = json.loads(machine.read_text()).get("gpu", device)
+    contexts = sorted(rows["context"].unique())
+    line = (f"GPU campaign benchmark ({', '.join(used)}): {size}, batch {batch} (the paper's), "
+            f"{'/'.join(sorted(rows['dtype'].dropna().astype(str).unique()))} on {device}, contexts "
+            f"{context_label(contexts[0])}-{context_label(contexts[-1])}"
+            + (f"; {', '.join(sorted({context_label(c) for c in oom['context']}))} left out (out of memory)"
+               if len(oom) else ""))
+    return rows.reset_index(drop=True), line
+
+
 class Latency(Experiment):
     name = "latency"
     measures = "speed"
@@ -122,6 +159,11 @@ class Latency(Experiment):
         bench = read_csv(folder, "latency.csv")
         if bench is not None:
             P.save(latency_figure(bench), folder / "latency")
+
+    def outside_results(self, folder: Path) -> tuple[dict, str | None]:
+        """A profile without the latency step (gpu): the GPU campaign's prefill benchmarks in its folder."""
+        bench, line = campaign_latency(folder)
+        return ({(self.name, "latency.csv"): bench}, line) if bench is not None else ({}, None)
 
     def summary(self, folder: Path) -> str | None:
         """The benchmark's prefill and decode lines (`ttt-bench bench models`' summary)."""

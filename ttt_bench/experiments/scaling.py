@@ -347,8 +347,10 @@ def plot_context(inputs: list[Path], stem: Path) -> list[Path]:
 def plot_token_index(inputs: list[Path], stem: Path) -> list[Path]:
     if Path(inputs[0]).is_dir() and not (Path(inputs[0]) / "registry.csv").is_file():  # run folders
         return plot_token_index_of_runs(inputs, stem)
-    reg = read_registry(inputs[0])
-    curves = read_token_index(token_index_runs(reg), inputs[0])
+    reg, kept = read_registry(inputs[0]), Path(inputs[0]) / "token_index.csv"
+    # a step folder keeps its runs' curves in one file; a sweep folder has them in its run folders
+    curves = (read_csv(inputs[0], "token_index.csv") if kept.is_file()
+              else read_token_index(token_index_runs(reg), inputs[0]))
     return P.save(token_index_figure(reg, curves, floors=read_drawn_floors(inputs[0])), stem)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ..config import checkpoint_id
 from ..errors import UserError
 from ..io import write_json
 from .checkpoint import load_checkpoint, torch_device
@@ -34,23 +35,14 @@ def check_options(cfg: DictConfig) -> None:
             raise UserError(f"{key}={value!r} must be a positive integer{null}, e.g. {key}={example}")
 
 
-def _mtime(cfg: DictConfig) -> int | None:
-    """The checkpoint's modification time: an eval is reused only for the file it evaluated."""
-    try:
-        return Path(str(cfg.ckpt_path)).stat().st_mtime_ns
-    except OSError:
-        return None
-
-
 def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     if OmegaConf.is_missing(cfg, "ckpt_path") or not str(cfg.ckpt_path or "").strip():
         raise UserError("no checkpoint given; run ttt-bench eval ckpt_path=runs/<run>/checkpoints/last.ckpt")
     check_options(cfg)
-    done = Path(out_dir) / "metrics.json"
+    done, ckpt_id = Path(out_dir) / "metrics.json", checkpoint_id(cfg.ckpt_path)
     if done.is_file() and not cfg.get("force"):
         metrics = json.loads(done.read_text())
-        same = (metrics.get("ckpt_path"), metrics.get("ckpt_mtime_ns")) == (str(cfg.ckpt_path), _mtime(cfg))
-        if same:
+        if ckpt_id is not None and metrics.get("ckpt_id") == ckpt_id:  # the same bytes, wherever they lie
             keys = ("val_loss", "val_ppl", "val_bpb", "val_accuracy", "test_accuracy")
             shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in keys if k in metrics)
             log.info("%s (this eval ran before on the same checkpoint: %s; force=true evaluates again)",
@@ -83,7 +75,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> dict:
     )
     metrics = {
         "ckpt_path": str(cfg.ckpt_path),
-        "ckpt_mtime_ns": _mtime(cfg),
+        "ckpt_id": ckpt_id,
         "model": hp["model_cfg"].get("name"),
         "data": data_cfg.name,
         "seq_len": data_cfg.seq_len,
@@ -115,7 +107,7 @@ def eval_classifier(cfg: DictConfig, module, data_cfg: DictConfig, out_dir: Path
                         f"{cfg.ckpt_path} was trained on {module.hparams['num_tokens']} of "
                         f"{module.hparams['token_dim']}; use its patch_size and image_size")
     splits = evaluate_splits(module.model, dm, cfg.batch_size, out_dir)
-    metrics = {"ckpt_path": str(cfg.ckpt_path), "ckpt_mtime_ns": _mtime(cfg), "task": "image",
+    metrics = {"ckpt_path": str(cfg.ckpt_path), "ckpt_id": checkpoint_id(cfg.ckpt_path), "task": "image",
                "data": data_cfg.name, "model": module.hparams["model_cfg"].get("name"), **splits}
     write_json(out_dir / "metrics.json", metrics)
     log.info("val accuracy %.4f, test accuracy %.4f; outputs in %s", metrics["val_accuracy"],

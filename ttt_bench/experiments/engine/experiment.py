@@ -163,6 +163,13 @@ class Experiment:
     def tabulate(self, folder: Path) -> None:
         """The step's tables and figures, from the files of its folder alone."""
 
+    def outside_results(self, folder: Path) -> tuple[dict, str | None]:
+        """This step's measurements that a profile's results `folder` holds outside a step folder (the GPU
+        campaign's benchmarks), as Results frames {(step, file name): table}, with a line saying what they
+        are; ({}, None): none. The combined report judges the step's claims on them where the profile has no
+        step folder (engine/combined.py)."""
+        return {}, None
+
     def summary(self, folder: Path) -> str | None:
         """A line for the report under the step's files (None: none)."""
         return None

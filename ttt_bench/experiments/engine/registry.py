@@ -100,6 +100,8 @@ def load_csv(path: Path) -> pd.DataFrame:
 def check_registry(df: pd.DataFrame, path: Path) -> None:
     """One line naming `path` and its first problem: a missing `run`/`status` column, a run listed twice (it
     would count as two seeds), a finished run's measurement that is not a number (it would drop a point)."""
+    from ...io import not_numbers
+
     fix = "restore it from git, or delete it and run the sweep again to rebuild it from the run folders"
     if missing := [c for c in ("run", "status") if c not in df]:
         raise UserError(f"registry {path} has no column {', '.join(missing)}; {fix}")
@@ -111,7 +113,7 @@ def check_registry(df: pd.DataFrame, path: Path) -> None:
     finished = df[df["status"] == "finished"]
     for col in (c for c in NUMERIC if c in finished):
         values = finished[col]
-        bad = values.notna() & pd.to_numeric(values, errors="coerce").isna()
+        bad = not_numbers(values)  # "n/a" included: read_table leaves it text
         if bad.any():
             i = bad.idxmax()
             raise UserError(f"registry {path}, line {int(i) + 2} (run {df.at[i, 'run']}): {col} is "

@@ -94,3 +94,8 @@ def summary_table(registry: pd.DataFrame, keys: list[str], floors: pd.DataFrame 
         lines.append(f"| {values} | {ppl}{mark} |" + (f" {fmt_se(r)} |" if se else "") + f" {r['seeds']} |")
     lines += floor_rows(floors, keys, 1 + se)
     return "\n".join(lines) + "\n"
+
+
+def context_label(c) -> str:
+    c = int(c)
+    return f"{c // 1024}k" if c >= 1024 and c % 1024 == 0 else f"{c:,}"
