@@ -67,8 +67,9 @@ def run(args: list[str]) -> None:
                             else str(value)))
     df = trained.registry
     failed = df[df["status"] == "failed"]
+    named = len(failed) and {"run", "error"} <= set(failed)
     why = (f"; the first, {failed['run'].iloc[0]}: {failed['error'].iloc[0]} (its log: "
-           f"{Path(out) / failed['run'].iloc[0] / 'hydra'}/)" if len(failed) and "error" in failed else "")
+           f"{Path(out) / failed['run'].iloc[0] / 'hydra'}/)" if named else "")
     if len(failed) == len(df):  # nothing to tabulate: say why instead of drawing empty tables
         fail(f"all {len(df)} runs failed{why}; fix the cause and run the same command again")
     print_results(experiment, Path(out))

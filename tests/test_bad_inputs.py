@@ -341,7 +341,7 @@ def test_ablate_scale_multiplies_every_runs_budget_and_is_part_of_its_identity(c
     assert "--scale 0 must be a positive number" in err
     seen = {}
 
-    def sweep(profile, out, data_dir, launcher, overrides=()):
+    def sweep(profile, out, data_dir, launcher, overrides=(), replace=False):
         seen["out"], seen["overrides"] = out, list(overrides)
         return Trained(pd.DataFrame({"status": ["finished"]}))
 
@@ -361,7 +361,7 @@ def test_ablate_with_failed_runs_exits_2(capsys, tmp_path, monkeypatch):
 
     seen = {}
 
-    def sweep(profile, out, data_dir, launcher, overrides=()):
+    def sweep(profile, out, data_dir, launcher, overrides=(), replace=False):
         seen["launcher"], seen["overrides"] = launcher, overrides
         return Trained(pd.DataFrame({"status": ["finished", "failed"], "error": [None, "boom"]}))
 

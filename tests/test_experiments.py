@@ -722,3 +722,22 @@ def test_a_sweep_whose_runs_all_failed_tabulates_as_not_run(tmp_path):
                         "error": ["UserError: needs a CUDA GPU"] * 2})
     row = by_config(reg).iloc[0]
     assert row["seeds"] == 0 and row["not_finished"] == 2 and pd.isna(row["ppl_mean"])
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (UserError("registry x.csv, line 3 (run a): val_ppl is 'n/a', not a number"), 2, "error: registry x.csv"),
+    (KeyboardInterrupt("interrupted at step 4 of 8; the same command resumes"), 130,
+     "interrupted (interrupted at step 4 of 8; the same command resumes)")])
+def test_reproduce_ends_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys, raised, code, line):
+    """`python -m ttt_bench.reproduce`: its own UserError (a damaged registry under --report-only) and Ctrl-C
+    during a step (a run's "interrupted at step N of M") end in one line, exit 2 and 130 (issue 46)."""
+    from ttt_bench import reproduce
+
+    def fail(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(reproduce, "write_report", fail)
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["--profile", "smoke", "--out", str(tmp_path), "--report-only", "--steps", "table1"])
+    err = capsys.readouterr().err
+    assert e.value.code == code and line in err and "Traceback" not in err and len(err.splitlines()) == 1
