@@ -28,7 +28,7 @@ from .experiments.engine.report import StepContext, update_readme, write_report
 from .experiments.engine.runner import Progress, Stage
 
 README_HEADLINE = ("table1", "table1.md",
-                   "Table 1 (pile-mini, context 1,024 bytes, size `xs`; perplexity per byte, mean +- std "
+                   "Table 1 (pile-mini, context {context} bytes, size `xs`; perplexity per byte, mean +- std "
                    "over seeds, and the bootstrap standard error of each evaluation over documents):")
 
 

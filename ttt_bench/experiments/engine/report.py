@@ -310,6 +310,10 @@ def update_readme(readme: Path, out: Path, experiments: list, make: str, profile
             lines.append(f"- `{e.name}`: not run yet (`{make} STEPS={e.name}`)")
     step, table, caption = headline
     if (out / step / table).is_file():
+        reg = load_csv(out / step / "registry.csv") if (out / step / "registry.csv").is_file() else None
+        has = reg is not None and "seq_len" in reg
+        contexts = sorted({int(v) for v in reg["seq_len"].dropna()}) if has else []
+        caption = caption.replace("{context}", "/".join(f"{c:,}" for c in contexts) or "?")
         lines += ["", caption, "", (out / step / table).read_text().strip()]
     lines += ["", f"This profile's verdicts: {status_counts(verdicts)} (each claim with its evidence: "
               f"[{rel}/REPORT.md]({rel}/REPORT.md))."]
