@@ -742,3 +742,20 @@ def test_reproduce_ends_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsy
         reproduce.main(["--profile", "smoke", "--out", str(tmp_path), "--report-only", "--steps", "table1"])
     err = capsys.readouterr().err
     assert e.value.code == code and line in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_a_resumed_step_that_trained_nothing_keeps_its_step_json(tmp_path):
+    """A pipeline resumed after part 2 re-tabulates parts 1 and 2 in seconds: their step.json keeps the wall
+    time of the session that trained them (it had become 4.1 s); a part with new runs writes its own."""
+    from ttt_bench.experiments.engine.report import Step
+
+    reg = pd.DataFrame({"run": ["a", "b"], "status": "finished", "wall_time_s": [100.0, 200.0]})
+    Step(tmp_path, "table1", "ttt-bench ablate table1").done(reg, part="2 of 3")
+    meta = tmp_path / "table1" / "step.json"
+    write_json(meta, {**json.loads(meta.read_text()), "wall_time_s": 5165.2})  # the training session's
+    kept = meta.read_text()
+    Step(tmp_path, "table1", "ttt-bench ablate table1").done(reg, part="2 of 3")
+    assert meta.read_text() == kept
+    more = pd.concat([reg, pd.DataFrame({"run": ["c"], "status": "finished", "wall_time_s": [50.0]})])
+    Step(tmp_path, "table1", "ttt-bench ablate table1").done(more, part="3 of 3")
+    assert json.loads(meta.read_text())["part"] == "3 of 3"

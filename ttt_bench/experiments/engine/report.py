@@ -78,8 +78,9 @@ class Step:
         return "restored_from" in finished and len(finished) > 0 and finished["restored_from"].notna().all()
 
     def done(self, registry: pd.DataFrame | None = None, **info) -> None:
-        """Write step.json; a step that only restored its runs keeps the committed one (the command, hardware
-        and wall time of the session that trained them)."""
+        """Write step.json; a step that only restored its runs, or whose runs (and part) are those its
+        step.json already describes (a resumed pipeline re-tabulating a finished part), keeps it: the
+        command, hardware and wall time of the session that trained them, not seconds of re-tabulation."""
         meta = self.dir / "step.json"
         log.info("step %s: done in %.1f min", self.name, (time.perf_counter() - self.start) / 60)
         if registry is not None and meta.is_file() and self.restored_only(registry) and not info.get("error"):
@@ -90,6 +91,10 @@ class Step:
             if (registry is not None and "wall_time_s" in registry)
             else None
         )
+        before = json.loads(meta.read_text()) if meta.is_file() else {}
+        if trained and before.get("trained_s") == trained and before.get("part") == info.get("part"):
+            log.info("%s: no run trained since step.json was written; step.json kept", self.name)
+            return
         write_json(meta, {
             "step": self.name,
             "command": self.command,
