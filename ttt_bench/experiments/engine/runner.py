@@ -283,15 +283,15 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
         if moved := settle(out, runs, fingerprints, replace):
             log.info("%d runs made with other settings moved aside to %s: %s", len(moved), out / "replaced",
                      ", ".join(moved))
-        write_plan(out, sweep, profile, runs, pipeline.path if pipeline else out / "progress.json")
+        if pipeline is None:
+            pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
+            pipeline.plan(runs, out, stage.committed)
+        write_plan(out, sweep, profile, runs, pipeline.path)
         for name, error in errors.items():
             if not run_finished(out / name):
                 record_failure(out / name, error)
         if stage.committed is not None:
             restore(out, runs, stage.committed)
-        if pipeline is None:
-            pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
-            pipeline.plan(runs, out, stage.committed)
         for dependent in (False, True):  # runs without dependencies, then those that start from another run
             todo = []
             for n in configs:
