@@ -97,6 +97,10 @@ def run_hydra_app(command: str, config_name: str, task, args: list[str]) -> None
             # under `python -m ttt_bench.cli.main`), plus the Hydra run folder: they need the subcommand.
             sys.argv = [program, command, *args]
             return task(cfg, run_dir)
+        except Interrupted as e:  # Ctrl-C / SIGTERM, the step saved. Hydra reports an Exception that leaves
+            # the task ("Error executing job with overrides: [...]") before main() prints its one line, and a
+            # --multirun would go on to its next job; a KeyboardInterrupt passes through Hydra untouched.
+            raise KeyboardInterrupt(str(e)) from e
         except (UserError, InstantiationException, OmegaConfBaseException, ValueError, OSError) as e:
             from lightning.pytorch.utilities.rank_zero import rank_zero_only
 

@@ -1,5 +1,6 @@
 """`ttt-bench runs [FOLDER ...]`: every run folder under the folders (default: the runs folder) with its
-model, size, data, context, status, steps, tokens, validation number and speed."""
+model, size, data, context, status, steps, tokens, validation number (its task's, named by val_metric: a
+language model's perplexity, recall's or an image classifier's accuracy) and speed."""
 
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def run(args: list[str]) -> None:
     a = p.parse_args(args)
     import pandas as pd
 
-    from ttt_bench.training.runs import list_runs
+    from ttt_bench.training.runs import INTEGER_COLUMNS, list_runs
 
     folders = a.folders or [runs_root()]
     table = pd.concat([list_runs(f).assign(folder=str(f)) for f in folders], ignore_index=True)
@@ -25,6 +26,8 @@ def run(args: list[str]) -> None:
     elif table.empty:
         print(f"no runs in {', '.join(map(str, folders))}")
     else:
+        for column in INTEGER_COLUMNS:  # 253952, not 253952.0; blank where unknown, not <NA>
+            table[column] = table[column].map(lambda v: "" if pd.isna(v) else str(int(v)))
         table["val"] = table["val"].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
         table["tokens_per_s"] = table["tokens_per_s"].map(lambda v: "" if pd.isna(v) else f"{v:,.0f}")
         shown = table.drop(columns=["folder"] if len(folders) == 1 else [])

@@ -330,6 +330,7 @@ def test_ctrl_c_stops_a_sweep_instead_of_recording_a_failed_run(tmp_path):
     assert proc.returncode == 130, proc.stderr[-3000:]
     last_line = proc.stderr.strip().splitlines()[-1]
     assert last_line == "ttt-bench: interrupted at step 2 of 8; the same command resumes"
+    assert "Error executing job" not in proc.stdout + proc.stderr  # Hydra's report (issue 50, point 4)
     started = [p.parent.parent.name for p in out.glob("*/checkpoints/last.ckpt")]
     assert len(started) == 1 and not list(out.glob("*/metrics.json"))
     main(["ablate", "minibatch", "--profile", "smoke", "--out", str(out)])

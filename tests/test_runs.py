@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from ttt_bench.cli.main import main
 
@@ -117,3 +118,60 @@ def test_eval_writes_beside_the_run_and_reuses_the_same_eval(tmp_path, capsys):
     main([*args, "force=true"])
     assert "this eval ran before" not in "".join(capsys.readouterr())
     assert json.loads(out.read_text())["val_loss"] == first["val_loss"]
+
+
+def write_run(folder: Path, config: dict, metrics: dict | None) -> None:
+    """A run folder as `ttt-bench train` leaves it, reduced to what `ttt-bench runs` reads."""
+    folder.mkdir(parents=True)
+    (folder / "identity.json").write_text(json.dumps({"config": config}))
+    if metrics is not None:
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+
+
+def config(task: str, data: str, target: str) -> dict:
+    return {"task": {"name": task}, "model": {"name": "m"}, "size": {"name": "xs"},
+            "trainer": {"max_steps": 6},
+            "data": {"name": data, "_target_": f"ttt_bench.data.{target}", "seq_len": 64}}
+
+
+@pytest.fixture
+def three_tasks(tmp_path):
+    """A finished run of each task (JSON floats where metrics.json could hold them) and an MQAR run stopped
+    before its metrics.json."""
+    lm, recall = config("lm", "synthetic", "LMDataModule"), config("lm", "mqar", "MQARDataModule")
+    image = config("image", "synthetic_images", "ImageDataModule")
+    write_run(tmp_path / "lm", lm, {"data": "synthetic", "steps": 6.0, "tokens_seen": 253952.0,
+                                    "seq_len": 64, "val_loss": 2.0, "val_ppl": 7.389, "val_bpb": 2.885})
+    write_run(tmp_path / "recall", recall, {"data": "mqar", "steps": 6, "tokens_seen": 98304, "seq_len": 64,
+                                            "val_loss": 0.9, "val_ppl": 2.46, "val_accuracy": 0.8125})
+    write_run(tmp_path / "image", image, {"task": "image", "steps": 6, "images_seen": 1536, "num_tokens": 16,
+                                          "val_loss": 1.2, "val_accuracy": 0.625, "images_per_s": 512.0})
+    write_run(tmp_path / "recall-stopped", recall, None)
+    return tmp_path
+
+
+def test_each_task_shows_its_own_validation_metric(three_tasks):
+    """Issue 50, point 5: a language model's perplexity, recall's and an image classifier's accuracy (never
+    the perplexity of an MQAR run); counts are integers, images count as the image run's tokens."""
+    table = list_runs(three_tasks).set_index("run")
+    assert table.loc["lm", ["val", "val_metric"]].tolist() == [7.389, "val_ppl"]
+    assert table.loc["recall", ["val", "val_metric"]].tolist() == [0.8125, "val_acc"]
+    assert table.loc["image", ["val", "val_metric"]].tolist() == [0.625, "val_acc"]
+    stopped = table.loc["recall-stopped"]
+    assert stopped["val_metric"] == "val_acc" and pd.isna(stopped["val"])
+    assert table.loc["image", "tokens"] == 1536 and table.loc["image", "tokens_per_s"] == 512.0
+    assert table.loc["lm", "tokens"] == 253952 and table.loc["lm", "steps"] == 6
+    assert all(str(table[c].dtype) == "Int64" for c in ("context", "steps", "tokens"))
+
+
+def test_runs_prints_counts_as_integers(three_tasks, capsys):
+    """253952, not 253952.0 (a column with a blank is a float column to pandas), in the table and the CSV."""
+    main(["runs", str(three_tasks)])
+    table = capsys.readouterr().out
+    lm_row = next(line for line in table.splitlines() if line.rstrip().endswith(" lm"))
+    assert " 253952 " in lm_row and " 6 " in lm_row and " 64 " in lm_row and ".0 " not in lm_row
+    assert "<NA>" not in table and "nan" not in table
+    main(["runs", str(three_tasks), "--csv"])
+    rows = {row.split(",")[0]: row for row in capsys.readouterr().out.splitlines()[1:]}
+    assert ",64,finished,6,253952,7.389,val_ppl," in rows["lm"]
+    assert ",0.8125,val_acc," in rows["recall"]

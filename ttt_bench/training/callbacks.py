@@ -190,8 +190,19 @@ class StepProgressBar(TQDMProgressBar):
     """Optimizer steps against `trainer.max_steps`, from the step a run resumed at, so the bar's total and ETA
     are the run's (Lightning's bar counts micro-batches of the endless training stream against no total)."""
 
+    def on_train_start(self, trainer, *args) -> None:
+        super().on_train_start(trainer, *args)
+        # A resumed run is mid-epoch (the stream is endless), and Lightning then skips on_train_epoch_start:
+        # without this its bar read "93/?", no total and no ETA.
+        self.count_steps(trainer)
+
     def on_train_epoch_start(self, trainer, *args) -> None:
-        super().on_train_epoch_start(trainer, *args)
+        super().on_train_epoch_start(trainer, *args)  # a new bar (Lightning's total: none)
+        self.count_steps(trainer)
+
+    def count_steps(self, trainer) -> None:
+        """The bar counts optimizer steps: from the run's current step (the ETA's rate counts this segment's
+        steps only) to max_steps."""
         bar = self.train_progress_bar
         bar.reset(total=trainer.max_steps)
         bar.initial = bar.n = trainer.global_step

@@ -28,7 +28,7 @@ class RunRecord:
     status: str  # finished | stopped at step N of M | failed: <error> | running
     steps: int | None
     tokens: int | None  # tokens (language models) or images seen
-    val: float | None  # validation perplexity (language models) or accuracy (images)
+    val: float | None  # the task's validation number, named by val_metric (VAL_METRICS)
     val_metric: str
     tokens_per_s: float | None
 
@@ -36,6 +36,34 @@ class RunRecord:
     def label(self) -> str:
         """model-size-data-T<context>, as run folders are named."""
         return f"{self.model}-{self.size}-{self.data}-T{self.context}"
+
+
+# Each task's validation number, as its papers report it: (the key of metrics.json, its name in the listing).
+# A language model's perplexity (per token of its tokenizer: per byte for the byte-level one); associative
+# recall (MQAR) scores a language model on its answers alone, and its perplexity over them says little;
+# an image classifier's accuracy.
+VAL_METRICS = {"lm": ("val_ppl", "val_ppl"), "recall": ("val_accuracy", "val_acc"),
+               "image": ("val_accuracy", "val_acc")}
+# The columns that count things: integers, blank where unknown (pandas would make a column with a blank float)
+INTEGER_COLUMNS = ("context", "steps", "tokens")
+
+
+def run_task(metrics: dict, config: dict) -> str:
+    """lm, recall or image: from metrics.json (a finished run's) or the run's config (any run's)."""
+    task, data = config.get("task"), config.get("data")
+    task, data = (task if isinstance(task, dict) else {}), (data if isinstance(data, dict) else {})
+    if metrics.get("task") == "image" or task.get("name") == "image":
+        return "image"
+    # a language model validated on masked answers gets an accuracy (evaluate.evaluate): MQAR's recall
+    if "val_accuracy" in metrics or "MQARDataModule" in str(data.get("_target_", "")):
+        return "recall"
+    return "lm"
+
+
+def _integer(value) -> int | None:
+    """A count read from a run file, as an int (JSON may hold 253952.0); None unless a whole number."""
+    whole = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return int(value) if whole and value == int(value) else None
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -104,13 +132,14 @@ def read_run(run_dir: Path, root: Path | None = None) -> RunRecord:
         return _read_run(run_dir, name)
     except UserError as e:
         return RunRecord(run=name, model="?", size="?", data="?", context=None, status=f"unreadable: {e}",
-                         steps=None, tokens=None, val=None, val_metric="val_ppl", tokens_per_s=None)
+                         steps=None, tokens=None, val=None, val_metric="", tokens_per_s=None)
 
 
 def _read_run(run_dir: Path, name: str) -> RunRecord:
     metrics = _json(run_dir / "metrics.json", checked=True)
     config = _json(run_dir / "identity.json", checked=True).get("config", {})
-    image = metrics.get("task") == "image" or config.get("task") == "image"
+    task = run_task(metrics, config)
+    image = task == "image"
     max_steps = config.get("trainer", {}).get("max_steps")
     status = metrics.get("status", "finished" if "val_loss" in metrics or "val_accuracy" in metrics else None)
     steps = metrics.get("steps")
@@ -125,24 +154,27 @@ def _read_run(run_dir: Path, name: str) -> RunRecord:
             saved = _saved_step(run_dir)
             status += f" (resumes from step {saved})" if saved else " (no checkpoint: starts again)"
             steps = logged
-    val = metrics.get("val_accuracy") if image else metrics.get("val_ppl")
+    val_key, val_metric = VAL_METRICS[task]
     context = (metrics.get("num_tokens") if image else
                metrics.get("seq_len", config.get("data", {}).get("seq_len")))
     model = metrics.get("model") or config.get("model", {}).get("name", "?")
     size = metrics.get("size") or config.get("size", {}).get("name", "?")
     data = metrics.get("data") or config.get("data", {}).get("name", "?")
+    unit = "images" if image else "tokens"  # metrics.json's keys: images_seen, steady_images_per_s, ...
     number = lambda v: None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
     return RunRecord(
-        run=name, model=model, size=size, data=data, context=context, status=status, steps=steps,
-        tokens=metrics.get("tokens_seen"), val=number(val), val_metric="val_acc" if image else "val_ppl",
-        tokens_per_s=number(metrics.get("steady_tokens_per_s") or metrics.get("tokens_per_s")))
+        run=name, model=model, size=size, data=data, context=_integer(context), status=status,
+        steps=_integer(steps), tokens=_integer(metrics.get(f"{unit}_seen")), val=number(metrics.get(val_key)),
+        val_metric=val_metric,
+        tokens_per_s=number(metrics.get(f"steady_{unit}_per_s") or metrics.get(f"{unit}_per_s")))
 
 
 def list_runs(root: Path) -> pd.DataFrame:
-    """One row per run folder under `root` (RunRecord's fields)."""
+    """One row per run folder under `root` (RunRecord's fields; the counts integers, <NA> where unknown)."""
     root = Path(root)
     records = [asdict(read_run(p, root)) for p in find_runs(root)]
-    return pd.DataFrame(records, columns=list(RunRecord.__dataclass_fields__))
+    table = pd.DataFrame(records, columns=list(RunRecord.__dataclass_fields__))
+    return table.astype({column: "Int64" for column in INTEGER_COLUMNS})
 
 
 def token_index_losses(run_dir: Path) -> pd.DataFrame:
