@@ -10,7 +10,7 @@ DATA_DIR ?=
 EXTRAS ?= dev
 REPLACE ?=
 
-.PHONY: setup test reproduce bench lint clean gpu-campaign wheelhouse mamba-sources mamba-wheels
+.PHONY: setup test test-fast reproduce bench lint clean gpu-campaign wheelhouse mamba-sources mamba-wheels
 
 # The pinned torch goes in first: on CPU machines it is the local CPU wheel; an unpinned torch
 # would pull several GB of CUDA packages.
@@ -24,7 +24,11 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 test: setup
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=25 tests
+
+# The unit tier, a developer's inner loop (under 3 min on 2 cores): no integration module, no slow test.
+test-fast: setup
+	$(VENV)/bin/pytest -q --durations=10 -m "not integration and not slow" tests
 
 lint: setup
 	$(VENV)/bin/ruff check ttt_bench cli kernels tests

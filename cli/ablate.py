@@ -128,7 +128,9 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
                launcher: list[str] = ()) -> None:
     """Every stage's runs (with the user's training `overrides`) as they will run, with their budget, FLOPs
     and estimated time: minutes on the reference CPU as measured there (engine.cost.Throughput), or
-    A100-hours for GPU runs (the paper profile)."""
+    A100-hours for GPU runs (the paper profile); a warning under each run whose budget passes over its
+    training corpus more than a few times (data/epochs.py)."""
+    from ttt_bench.data.epochs import planned_loop_warning
     from ttt_bench.experiments.engine.cost import (
         A100_BF16_FLOPS,
         ASSUMED_MFU,
@@ -169,6 +171,8 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
                 when = f"~{run_minutes:.1f} min, {source}"
             print(f"{name} [{cost.budget:.3g} {'images' if cost.tokens != cost.tokens else 'tokens'}, "
                   f"{cost.train_flops:.2g} FLOPs, {when}]: {' '.join(run.overrides)}")
+            if loops := planned_loop_warning(name, cfg.data, cost.tokens):  # a budget far above its corpus
+                print(f"# WARNING: {loops}")
     print(f"# {flops:.3g} training FLOPs in all")
     if gpu_hours:
         hours = f"{gpu_hours:,.0f}" if gpu_hours >= 10 else f"{gpu_hours:.2g}"

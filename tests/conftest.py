@@ -29,6 +29,23 @@ TINY = [
 ]
 
 
+# Two tiers, as torchtitan's unit and integration tests: `make test-fast` (-m "not integration and not
+# slow", a developer's inner loop, under 3 minutes on 2 cores) and `make test` (everything; what CI runs).
+# The integration tier is every test of the modules that run the CLI, training runs, sweeps, the campaign
+# or the Triton compiler end to end; a slower test elsewhere is marked `slow` where it is defined.
+INTEGRATION = {
+    "test_bad_inputs", "test_campaign", "test_cluster", "test_documented_commands", "test_experiments", "test_fuzz",
+    "test_interrupt", "test_kernels_aot", "test_readme", "test_reliability", "test_runs", "test_scaleout",
+    "test_sweep_folder", "test_wheelhouse",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in INTEGRATION:
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_paths(tmp_path_factory):
     """Runs and caches of the test session go to temporary folders, never into the repository."""

@@ -121,3 +121,51 @@ def test_a_timing_records_its_conditions_and_says_when_it_was_taken_under_load(t
     assert {"busy_cores_before", "load_before", "load_after", "threads_used", "under_load"} <= set(df.columns)
     assert df["under_load"].all() and "TAKEN UNDER LOAD" in out
     assert common.under_load(0.0, threads=1) is False
+
+
+@pytest.mark.parametrize("selected,precision", [(False, None), (True, "tf32"), (True, "ieee")])
+def test_forms_rows_are_labelled_by_the_path_they_run_triton_or_pytorch(selected, precision, monkeypatch):
+    """Each row of `bench forms` runs the code its label names (issue 48): the PyTorch rows the PyTorch forms
+    even where the layer would pick the Triton kernel, and a `triton (<precision>)` row, in both scopes,
+    only where the layer takes the kernel, called in the precision the layer uses. The layer's selection is
+    sent to the Triton path (on CPU the kernels run in Triton's interpreter, TRITON_INTERPRET=1)."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from ttt_bench import kernels
+    from ttt_bench.bench import forms
+    from ttt_bench.models.ttt import dual_scan, kernel_check
+    from ttt_bench.models.ttt import forms as ttt_forms
+
+    ran = []  # the paths each fwd+bwd took
+
+    def spy(module, name, path):  # records path(args) of each call of module.name
+        real = getattr(module, name)
+
+        def call(*args, **kwargs):
+            ran.append(path(*args, **kwargs))
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, name, call)
+
+    spy(kernels, "ttt_linear_dual", lambda *_, precision="ieee", **__: f"triton ({precision})")
+    spy(dual_scan, "ttt_linear_dual", lambda *_, fused=False, **__: "dual-fused" if fused else "dual")
+    spy(ttt_forms, "ttt_scan", lambda form, *_, **__: form)
+    if selected:  # every backend but "torch" takes the kernels, unchecked
+        monkeypatch.setattr(kernel_check, "use_triton", lambda x, backend="auto": backend != "torch")
+        monkeypatch.setenv("TTT_BENCH_KERNEL_PRECISION", precision)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser = argparse.ArgumentParser()
+    forms.add_arguments(parser)
+    args = parser.parse_args(["--d-model", "32", "--n-heads", "2", "--seq-len", "32", "--tokens", "64",
+                              "--no-fused", "--device", device])
+    expected = ["primal", "dual"] + [f"triton ({precision})"] * selected
+    for scope in forms.SCOPES:
+        rows = {label: build() for label, build in forms.cases(args, scope, torch.device(device),
+                                                               torch.float32).items()}
+        assert list(rows) == expected, scope
+        for label, fwd_bwd in rows.items():
+            ran.clear()
+            fwd_bwd()
+            assert set(ran) == {label}, (scope, label, ran)
+    # outside the kernels' domain (head size 8) the layer runs PyTorch, and there is no Triton row
+    args.d_model = 16
+    assert [forms.kernel_precision(args, scope, torch.device(device), torch.float32)
+            for scope in forms.SCOPES] == [None, None]

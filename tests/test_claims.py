@@ -212,6 +212,7 @@ def test_latency_and_missing_inputs():
             "phase": ["prefill"] * 4,
             "context": [8192, 8192, 16384, 16384],
             "latency_ms_per_token": [0.06, 0.1, 0.06, 0.17],
+            "device": "cpu", "repeats": 3, "spread": 0.02, "loaded_during": False,  # a timing to trust
         }
     )
     assert verdict("latency.prefill", Results(latency=bench)).status == HOLDS

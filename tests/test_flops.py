@@ -4,11 +4,15 @@ import pytest
 import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from ttt_bench.config import REPO_ROOT, compose
-from ttt_bench.flops import SCAN_FLOPS_PER_STATE, flops_per_token, match_flops, schedule_train_flops
+from ttt_bench.errors import UserError
+from ttt_bench.flops import flops_per_token, match_flops, schedule_train_flops
+from ttt_bench.models.mamba.block import SCAN_FLOPS_PER_STATE
+from ttt_bench.models.state_size import state_floats
 
 VOCAB = 257
 
@@ -125,3 +129,67 @@ def test_tf_finetune_matched_depth_reproduces_appendix_c_with_its_finetune_coste
     tf, mamba = paper_model("transformer", 32768), paper_model("mamba", 32768)
     overrides, ratio = match_flops(tf, mamba, 32768, LLAMA_VOCAB, by="depth", schedule=[(2048, 1.2)])
     assert overrides["model.n_layers"] == 19 and ratio == pytest.approx(1.0, abs=0.03)
+
+
+class RunningSumBlock(nn.Module):
+    """A new method written as its block file alone (here, this module) and its config (`toy_model`):
+    x + W_out(sum over s <= t of W_in x_s), decoding from the running sum, E = expand x d_model floats."""
+
+    def __init__(self, layer_idx: int, d_model: int, expand: int = 3):
+        super().__init__()
+        self.w_in = nn.Linear(d_model, expand * d_model, bias=False)
+        self.w_out = nn.Linear(expand * d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        h = self.w_in(x).cumsum(1)
+        if cache is not None:
+            h = h + cache["h"]
+            cache["h"] = h[:, -1:]
+        return x + self.w_out(h)
+
+    def init_cache(self, batch_size: int, device=None, dtype=None, max_len=None) -> dict:
+        return {"h": 0.0}
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, expand: int, **_) -> dict:
+        """W_in and W_out; the running sum is elementwise (free)."""
+        return {"dense": 2 * 2.0 * d_model * expand * d_model}
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, expand: int, **_) -> dict:
+        return {"h": expand * d_model}
+
+
+def toy_model(block: str) -> dict:
+    """The config of a model of `block`s; expand is left to RunningSumBlock's default."""
+    return {"_target_": "ttt_bench.models.LanguageModel", "d_model": 8, "n_layers": 3,
+            "block": {"_target_": f"{__name__}.{block}", "_partial_": True, "d_model": 8}}
+
+
+def test_a_new_block_reports_its_own_flops_and_state(one_thread):
+    """flops.py and state_size.py ask the block class: a new model needs its block file and config only."""
+    cfg, T = toy_model("RunningSumBlock"), 16
+    flops = flops_per_token(cfg, T, VOCAB)
+    assert flops["dense"] == 3 * 4 * 8 * 24 and flops["sequence"] == flops["scan"] == 0
+    assert flops["train"] == 3 * (flops["dense"] + 2 * 8 * VOCAB)
+    torch.manual_seed(0)
+    model = instantiate(cfg, vocab_size=VOCAB)
+    x = torch.randint(0, VOCAB, (1, T))
+    assert measure(model, x) == pytest.approx(flops["train"])
+    caches = model.init_caches(1)
+    with torch.no_grad():
+        model(x, caches)
+    state = state_floats(cfg, T)
+    assert state["per_layer"] == {"h": 24} and state["total"] == sum(c["h"].numel() for c in caches)
+
+
+class BareBlock(nn.Module):
+    """A block that does not say what it costs."""
+
+    def __init__(self, layer_idx: int, d_model: int):
+        super().__init__()
+
+
+def test_a_block_without_its_cost_methods_is_a_one_line_error():
+    with pytest.raises(UserError, match="BareBlock .*flops_per_token and state_floats"):
+        flops_per_token(toy_model("BareBlock"), 16, VOCAB)

@@ -50,6 +50,42 @@ def test_decode_matches_full_forward(name):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-7, atol=1e-9)
 
 
+@pytest.mark.parametrize("max_len,grows_at,capacity", [(37, [], 37), (8, [9, 17, 33], 64),
+                                                        (None, [5, 9, 11, 21], 40)])
+def test_transformer_decodes_in_place_into_its_preallocated_kv_cache(max_len, grows_at, capacity,
+                                                                     monkeypatch):
+    """The KV cache is written in place (issue 48): prefill, a chunk of 4 tokens after the cache (causal
+    among themselves), then one token at a time give the logits of one forward pass. Its buffers move only
+    where they outgrow their capacity, doubling (from 8: at lengths 9, 17 and 33; from none, the prompt's
+    5 first), never when given the final length: no per-step copy of the cache. A single new token attends
+    without a mask."""
+    from ttt_bench.models import transformer
+
+    model = tiny_model("transformer")
+    x = torch.randint(0, 97, (2, 37))
+    full = model(x)
+    masks = []  # (queries, attn_mask) of every attention call
+    sdpa = transformer.F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        masks.append((q.shape[2], attn_mask))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", spy)
+    caches = model.init_caches(2, max_len=max_len)
+    kv = caches[0]
+    steps, buffers, moved = [], kv.keys.data_ptr(), []
+    for start, end in [(0, 5), (5, 9), *((t, t + 1) for t in range(9, 37))]:
+        steps.append(model(x[:, start:end], caches))
+        if kv.keys.data_ptr() != buffers:
+            buffers = kv.keys.data_ptr()
+            moved.append(end)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-7, atol=1e-9)
+    assert moved == grows_at and kv.length == 37 and kv.keys.shape[2] == capacity
+    assert all(mask is None for queries, mask in masks if queries == 1)
+    assert any(mask is not None for queries, mask in masks if queries == 4)
+
+
 @pytest.mark.parametrize("size", list(NOMINAL))
 @pytest.mark.parametrize("name", [m for m in MODELS if m != "linear_attention"])
 def test_paper_sizes_have_nominal_parameter_counts(name, size):

@@ -382,6 +382,7 @@ def fake_registry(accuracies: dict, seeds: int = 3):
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # trains the table's runs: 8 s
 def test_mttt_table_and_claims():
     import pandas as pd
 

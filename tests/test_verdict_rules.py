@@ -233,10 +233,54 @@ def profile_folder(root, profile: str, means: dict, size: str, seq_len: int, tok
     (folder / "step.json").write_text(json.dumps({"hardware": f"{profile} machine", "wall_time_s": 1}))
 
 
-def bench(models_ms: dict, batch: int, device: str) -> pd.DataFrame:
+def bench(models_ms: dict, batch: int, device: str, **conditions) -> pd.DataFrame:
+    """A latency benchmark as `ttt-bench bench models` writes it: warmed up, 3 repeats 2% apart, on an
+    otherwise idle machine (`conditions` override any of these)."""
+    taken = {"repeats": 3, "spread": 0.02, "busy_cores_during": 0.1, "loaded_during": False, **conditions}
     return pd.DataFrame([{"model": m, "context": c, "phase": "prefill", "batch": batch,
-                          "latency_ms_per_token": ms, "device": device, "dtype": "bfloat16", "note": ""}
-                         for (m, c), ms in models_ms.items()])
+                          "latency_ms_per_token": ms, "device": device, "dtype": "bfloat16", "note": "",
+                          **taken} for (m, c), ms in models_ms.items()])
+
+
+# ---- timing verdicts: warmed up, >= 3 repeats, outside their spread, not under load (issue 50.3) ----
+
+FAST = {("ttt_linear", 8192): 0.05, ("transformer", 8192): 0.1, ("ttt_linear", 16384): 0.05,
+        ("transformer", 16384): 0.2}
+
+
+def latency_verdict(df: pd.DataFrame) -> Verdict:
+    return CLAIMS["latency.prefill"].judge(report.Results(frames={("latency", "latency.csv"): df}))
+
+
+def test_a_timing_verdict_needs_three_repeats_an_idle_machine_and_a_ratio_outside_the_spread():
+    assert latency_verdict(bench(FAST, 1, "cpu")).status == HOLDS
+    v = latency_verdict(bench(FAST, 1, "cpu", repeats=2))
+    assert v.status == INCONCLUSIVE and "fewer than 3 repeats (2 recorded)" in v.sentence
+    v = latency_verdict(bench(FAST, 1, "cpu", loaded_during=True, busy_cores_during=1.4))
+    assert v.status == INCONCLUSIVE and "under load: other work kept up to 1.4 cores busy" in v.sentence
+    v = latency_verdict(bench(FAST, 1, "cpu").drop(columns=["loaded_during"]))  # an older benchmark
+    assert v.status == INCONCLUSIVE and "load during the timing was not recorded" in v.sentence
+    v = latency_verdict(bench(FAST, 1, "cpu", spread=0.6))  # 0.5x and 0.25x, but the repeats 60% apart
+    assert v.status == INCONCLUSIVE and "largest spread 60%" in v.sentence
+    slow = {k: ms * (4 if k[0] == "ttt_linear" else 1) for k, ms in FAST.items()}
+    assert latency_verdict(bench(slow, 1, "cpu")).status == FAILS
+    # on a GPU the host's other work is not required to be recorded, the repeats are
+    assert latency_verdict(bench(FAST, 16, "cuda").drop(columns=["loaded_during"])).status == HOLDS
+    assert latency_verdict(bench(FAST, 16, "cuda", repeats=1)).status == INCONCLUSIVE
+
+
+def test_figure8_forward_time_is_judged_on_trusted_timings_only():
+    def timing(spread=0.02, loaded=False, repeats=5):
+        ms = {1: 40.0, 4: 12.0, 16: 6.0, 64: 9.0, 1024: 30.0}
+        return pd.DataFrame([{"mini_batch": b, "total_ms": t, "w_ms": t / 2, "spread": spread,
+                              "busy_cores_during": 0.1, "loaded_during": loaded, "repeats": repeats}
+                             for b, t in ms.items()])
+
+    judge = lambda df: CLAIMS["fig8.time"].judge(report.Results(frames={("minibatch", "timing.csv"): df}))
+    assert judge(timing()).status == HOLDS
+    assert judge(timing(loaded=True)).status == INCONCLUSIVE
+    assert judge(timing(repeats=1)).status == INCONCLUSIVE
+    assert judge(timing(spread=3.0)).status == INCONCLUSIVE  # 40 vs 6 ms, but repeats 300% apart
 
 
 def test_combined_report_shows_each_claim_at_the_largest_profile_that_decided_it(tmp_path):

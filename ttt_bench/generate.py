@@ -16,7 +16,7 @@ def sample(
     """Prefill the prompt in one pass, then decode one token at a time from the cache."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    caches = model.init_caches(1)
+    caches = model.init_caches(1, max_len=len(prompt_ids) + max_new_tokens)  # every token it will see
     logits = model(torch.tensor([prompt_ids], device=device), caches)[:, -1]
     out: list[int] = []
     for _ in range(max_new_tokens):

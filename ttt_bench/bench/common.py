@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -24,28 +25,55 @@ def load_average() -> float:
         return float("nan")
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (Linux's /proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class OtherWork:
+    """`with OtherWork() as w: ...` then `w.cores`: the cores that other processes kept busy while the
+    block ran, i.e. the machine's busy CPU time less this process's own, over the block's wall time (NaN
+    where the OS has no /proc/stat). Measured during a timing, unlike `busy_cores`, which samples before."""
+
+    def __enter__(self):
+        self.cores = float("nan")
+        try:
+            self._start = (_busy_seconds(), time.process_time(), time.perf_counter())
+        except (OSError, ValueError, IndexError):
+            self._start = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._start is not None:
+            busy, own, wall = (now - then for now, then in
+                               zip((_busy_seconds(), time.process_time(), time.perf_counter()), self._start))
+            self.cores = max(0.0, busy - own) / max(wall, 1e-9)
+
+
 def busy_cores(seconds: float = 1.0) -> float:
     """Cores other work keeps busy: the machine's CPU time used during `seconds` while this process sleeps
     (Linux's /proc/stat); elsewhere the 1-minute load average. The load average lags: for about a minute
     after a timing it still counts that timing's own threads, so in `make bench` every suite after the
     first read as taken under load."""
-    def snapshot() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:8]]  # user nice system idle iowait irq softirq
-        return sum(ticks), ticks[3] + ticks[4]
     try:
-        total, idle = snapshot()
+        before = _busy_seconds()
         time.sleep(seconds)
-        total2, idle2 = snapshot()
+        return (_busy_seconds() - before) / seconds
     except (OSError, ValueError, IndexError):
         return load_average()
-    return (os.cpu_count() or 1) * (1 - (idle2 - idle) / max(total2 - total, 1))
 
 
 def under_load(busy_before: float, threads: int) -> bool:
     """Whether other work competed with a timing: the cores busy just before it exceeded the cores the
     timing leaves free (cores - threads) by more than half a core."""
     return busy_before > max(0, (os.cpu_count() or 1) - threads) + 0.5
+
+
+def loaded(busy_during: float, threads: int) -> bool | None:
+    """`under_load` for the cores other work kept busy during a timing (OtherWork); None where unknown."""
+    return None if busy_during != busy_during else under_load(busy_during, threads)
 
 
 def conditions(busy_before: float, load_before: float, threads: int) -> dict:
@@ -80,27 +108,49 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one timed function: the median of its repeats and their range, and the cores other work
+    kept busy while the round-robin that timed it ran (OtherWork)."""
+    median: float
+    low: float
+    high: float
+    others: float
+
+    @property
+    def spread(self) -> float:
+        """The repeats' range relative to their median."""
+        return (self.high - self.low) / self.median if self.median else float("nan")
+
+
 def time_calls(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
     """Median wall time of fn() in seconds over `repeats` calls after `warmup` calls, device synced."""
     return time_interleaved({"fn": fn}, device, warmup, repeats)["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int, repeats: int):
-    """{name: median wall time of fns[name]() in seconds}: `warmup` untimed rounds, then `repeats` rounds
-    that call every function once in turn, so that a slow spell of a noisy machine hits all of them alike
-    and their ratios stay fair. The device is synced around every timed call."""
+    """{name: median wall time of fns[name]() in seconds} (`timings`)."""
+    return {name: t.median for name, t in timings(fns, device, warmup, repeats).items()}
+
+
+def timings(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int,
+            repeats: int) -> dict[str, Timing]:
+    """{name: Timing of fns[name]()}: `warmup` untimed rounds, then `repeats` rounds that call every
+    function once in turn, so that a slow spell of a noisy machine hits all of them alike and their ratios
+    stay fair. The device is synced around every timed call."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
     times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            sync(device)
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    with OtherWork() as others:
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                sync(device)
+                start = time.perf_counter()
+                fn()
+                sync(device)
+                times[name].append(time.perf_counter() - start)
+    return {name: Timing(statistics.median(t), min(t), max(t), others.cores) for name, t in times.items()}
 
 
 def _rss_bytes() -> int:

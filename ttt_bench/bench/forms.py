@@ -1,16 +1,22 @@
 """`ttt-bench bench forms`: TTT-Linear forward + backward, primal vs dual form (Section 2.5: the dual form
-"trains more than 5x faster"): the dual form as it runs by default (`dual`), with its batched elementwise
-work fused by torch.compile (`dual-fused`, the layer's `fused` option), and the fused Triton kernel where it
-runs (CUDA).
+"trains more than 5x faster"): the dual form as it runs in PyTorch (`dual`), with its batched elementwise
+work fused by torch.compile (`dual-fused`, the layer's `fused` option), and the fused Triton kernel where the
+layer runs it (`triton (tf32)`: on a CUDA GPU where the kernels passed their check, at head sizes and a
+mini-batch size they take).
 
 scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
 each form; scope=core times only the inner loop, on [B, H, N, b, f] inputs laid out as the layer's.
+Each row is labelled by the code it runs: the PyTorch rows pin the layer to PyTorch (`kernel: torch`); the
+Triton rows exist where the layer, as it runs by default (`kernel: auto`), says it takes the kernel
+(`TTTLayer.dual_kernel`), and call it as the layer does, in the matmul precision the layer chose.
 Each call is a training step's fwd+bwd: a dense upstream gradient, and the gradients of the input and the
 parameters returned, not accumulated (as after `zero_grad(set_to_none=True)`).
 """
 
 import argparse
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -38,23 +44,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_device_arguments(parser)
 
 
-def _layer_case(args, impl, device, dtype):
+def _layer(args, form: str = "dual", fused: bool = False, kernel: str = "torch"):
     from ttt_bench.models.ttt import TTTLayer
 
-    form, fused = impl.split("-")[0], impl == "dual-fused"
-    layer = TTTLayer(args.d_model, args.n_heads, mini_batch_size=args.mini_batch_size, form=form,
-                     share_qk=True, use_gate=True, fused=fused).to(device, dtype)
+    return TTTLayer(args.d_model, args.n_heads, mini_batch_size=args.mini_batch_size, form=form,
+                    share_qk=True, use_gate=True, fused=fused, kernel=kernel)
+
+
+def _dims(args) -> tuple[int, int, int, int, int]:
+    """B, H, N, b, f of the inner loop's inputs."""
+    H, b = args.n_heads, args.mini_batch_size
+    return args.tokens // args.seq_len, H, args.seq_len // b, b, args.d_model // H
+
+
+def kernel_precision(args, scope: str, device, dtype) -> str | None:
+    """The matmul precision of the Triton kernel if the layer as it runs by default (`kernel: auto`) takes
+    it for this scope's inner-loop inputs on `device`, else None (PyTorch): asked of the layer itself. The
+    inputs are float32 at least in the layer (its inner loop's precision), `dtype` in the core."""
+    layer = _layer(args, kernel="auto").to(device)
+    B, H, N, b, f = _dims(args)
+    inner = torch.promote_types(dtype, torch.float32) if scope == "layer" else dtype
+    XQ = torch.empty(B, H, N, b, f, device=device, dtype=inner)
+    return layer.dual_kernel(XQ, layer.initial_params(B)[1], layer.ln())
+
+
+def _layer_case(args, impl, precision, device, dtype):
+    if impl == f"triton ({precision})":  # the layer as it runs by default, which takes the kernel here
+        layer = _layer(args, kernel="auto")
+    else:  # a PyTorch form
+        layer = _layer(args, form=impl.split("-")[0], fused=impl == "dual-fused")
+    layer = layer.to(device, dtype)
     x = torch.randn(args.tokens // args.seq_len, args.seq_len, args.d_model, device=device, dtype=dtype,
                     requires_grad=True)
     return _fwd_bwd(lambda: layer(x), [x, *layer.parameters()])
 
 
-def _core_case(args, impl, device, dtype):
+def _core_case(args, impl, precision, device, dtype):
     from ttt_bench.kernels import ttt_linear_dual as triton_dual
     from ttt_bench.models.ttt import dual_scan, forms
 
-    H, b = args.n_heads, args.mini_batch_size
-    f, B, N = args.d_model // H, args.tokens // args.seq_len, args.seq_len // b
+    B, H, N, b, f = _dims(args)
     r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, device=device, dtype=dtype)).requires_grad_()
     eta = (0.01 * torch.rand(B, H, N, b, b, device=device, dtype=dtype)).requires_grad_()
 
@@ -63,10 +92,20 @@ def _core_case(args, impl, device, dtype):
 
     inputs = (view(), view(), view(), eta,
               r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
-    fn = {"dual": dual_scan.ttt_linear_dual, "triton": triton_dual,
+    fn = {"dual": dual_scan.ttt_linear_dual,
           "dual-fused": lambda *x: dual_scan.ttt_linear_dual(*x, fused=True),
-          "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:])}[impl]
+          "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:]),
+          f"triton ({precision})": lambda *x: triton_dual(*x, precision=precision)}[impl]
     return _fwd_bwd(lambda: fn(*inputs)[0], inputs)
+
+
+def cases(args, scope: str, device, dtype) -> dict[str, Callable[[], Callable]]:
+    """{row label: a builder of its fwd+bwd} for one scope: the PyTorch forms, then the Triton kernel where
+    the layer takes it, labelled with its precision ("triton (tf32)")."""
+    precision = kernel_precision(args, scope, device, dtype)
+    impls = ["primal", "dual"] + ["dual-fused"] * args.fused + [f"triton ({precision})"] * bool(precision)
+    case = _layer_case if scope == "layer" else _core_case
+    return {impl: functools.partial(case, args, impl, precision, device, dtype) for impl in impls}
 
 
 def _fwd_bwd(forward, inputs):
@@ -114,25 +153,20 @@ def run(args) -> pd.DataFrame:
             if getattr(args, key) == defaults.get_default(key):
                 setattr(args, key, value)
     check(args)
-    from ttt_bench.models.ttt.kernel_check import use_triton
-
     device = common.setup(args)
     dtype = common.DTYPES[args.dtype]
     rows = []
     for scope in args.scopes.split(","):
-        impls = ["primal", "dual"] + ["dual-fused"] * args.fused
-        if scope == "core" and use_triton(torch.empty(0, device=device)):
-            impls.append("triton")
         fns, mem = {}, {}
-        for impl in impls:
-            fns[impl] = (_layer_case if scope == "layer" else _core_case)(args, impl, device, dtype)
+        for impl, build in cases(args, scope, device, dtype).items():
+            fns[impl] = build()
             if impl == "dual-fused":
                 fns[impl]()  # compiles: not part of the form's peak memory
             with common.peak_memory(device) as m:  # untimed: memory, and a first warm-up
                 fns[impl]()
             mem[impl] = m["mb"]
         seconds = common.time_interleaved(fns, device, args.warmup, args.repeats)  # round-robin
-        for impl in impls:
+        for impl in fns:
             rows.append(dict(scope=scope, impl=impl, tokens=args.tokens, seq_len=args.seq_len,
                              d_model=args.d_model, n_heads=args.n_heads, mini_batch_size=args.mini_batch_size,
                              ms_fwd_bwd=1e3 * seconds[impl], tokens_per_s=args.tokens / seconds[impl],

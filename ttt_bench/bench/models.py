@@ -34,8 +34,8 @@ PRESETS = {
                   warmup=1, repeats=2),
 }
 COLUMNS = ["model", "context", "phase", "batch", "latency_ms_per_token", "tokens_per_s", "ms_per_call", "mfu",
-           "model_tflops_per_s", "matmul_tflops", "peak_mem_mb", "params", "d_model", "n_layers", "device",
-           "dtype", "threads", "repeats", "note"]
+           "model_tflops_per_s", "matmul_tflops", "spread", "busy_cores_during", "loaded_during",
+           "peak_mem_mb", "params", "d_model", "n_layers", "device", "dtype", "threads", "repeats", "note"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +107,7 @@ class Bench:
         return torch.randint(0, self.args.vocab_size, (batch, length), device=self.device)
 
     def measure(self, fns: dict, phase: str, context: int, repeats: int) -> dict:
-        """{name: (seconds, peak MB)}; a model that runs out of memory gets a note and leaves `fns`."""
+        """{name: (common.Timing, peak MB)}; a model that runs out of memory gets a note and leaves `fns`."""
         for name in list(fns):
             try:  # the memory pass doubles as a first warm-up
                 with common.peak_memory(self.device) as mem:
@@ -118,15 +118,20 @@ class Bench:
                     raise
                 self.rows.append(dict(model=name, context=context, phase=phase, note="out of memory"))
                 del fns[name]
-        seconds = common.time_interleaved({k: f for k, (f, _) in fns.items()}, self.device,
-                                          self.args.warmup, repeats)
-        return {k: (seconds[k], fns[k][1]) for k in fns}
+        times = common.timings({k: f for k, (f, _) in fns.items()}, self.device, self.args.warmup, repeats)
+        return {k: (times[k], fns[k][1]) for k in fns}
 
-    def row(self, model, name, context, phase, batch, seconds, tokens, per_token_s, mem_mb, **extra) -> None:
+    def row(self, model, name, context, phase, batch, t: common.Timing, tokens, positions, mem_mb,
+            **extra) -> None:
+        """One timing: `tokens` processed per call, over `positions` sequence positions (the latency per
+        token is per position: a batch's sequences run in parallel); with the repeats' relative range and
+        the cores other work kept busy during the timing."""
         self.rows.append(dict(model=name, context=context, phase=phase, batch=batch,
-                              latency_ms_per_token=1e3 * per_token_s, tokens_per_s=tokens / seconds,
-                              ms_per_call=1e3 * seconds, peak_mem_mb=mem_mb, params=model.num_params(),
-                              d_model=model.d_model, n_layers=len(model.blocks), **extra))
+                              latency_ms_per_token=1e3 * t.median / positions, tokens_per_s=tokens / t.median,
+                              ms_per_call=1e3 * t.median, spread=t.spread, busy_cores_during=t.others,
+                              loaded_during=common.loaded(t.others, self.args.threads),
+                              peak_mem_mb=mem_mb, params=model.num_params(), d_model=model.d_model,
+                              n_layers=len(model.blocks), **extra))
 
     @torch.inference_mode()
     def latency(self, contexts: list[int], phases: set[str]) -> None:
@@ -136,12 +141,13 @@ class Bench:
             if "prefill" in phases:
                 prompt = self.ids(a.batch, T)
                 fns = {n: (lambda m=m, p=prompt: m(p, m.init_caches(a.batch))) for n, m in models.items()}
-                for n, (sec, mb) in self.measure(fns, "prefill", T, a.repeats).items():
-                    self.row(models[n], n, T, "prefill", a.batch, sec, a.batch * T, sec / T, mb)
+                for n, (t, mb) in self.measure(fns, "prefill", T, a.repeats).items():
+                    self.row(models[n], n, T, "prefill", a.batch, t, a.batch * T, T, mb)
             if "decode" in phases:  # prefill T tokens of decode_batch sequences, then single-token steps
                 fns = {}
+                steps = 2 * a.warmup + a.decode_tokens + 1  # more than measure() takes: no step reallocates
                 for n, m in models.items():
-                    caches = m.init_caches(a.decode_batch)
+                    caches = m.init_caches(a.decode_batch, max_len=T + steps)
                     try:
                         m(self.ids(a.decode_batch, T), caches)
                     except (RuntimeError, MemoryError) as e:
@@ -150,10 +156,10 @@ class Bench:
                         self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
                         del caches
                         continue
-                    tokens = iter(self.ids(a.decode_batch, 2 * a.warmup + a.decode_tokens + 1).split(1, 1))
+                    tokens = iter(self.ids(a.decode_batch, steps).split(1, 1))
                     fns[n] = lambda m=m, c=caches, t=tokens: m(next(t), c)
-                for n, (sec, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
-                    self.row(models[n], n, T, "decode", a.decode_batch, sec, a.decode_batch, sec, mb)
+                for n, (t, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
+                    self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb)
             models = {n: m for n, m in models.items() if not self._out_of_memory(n)}
 
     def _out_of_memory(self, name: str) -> bool:
@@ -175,9 +181,9 @@ class Bench:
                 opt.step()
 
             fns[name] = step
-        for n, (sec, mb) in self.measure(fns, "train", T, a.repeats).items():
-            tflops = flops.train_flops(self.cfg(n, T), a.vocab_size, batch * T) / sec / 1e12
-            self.row(models[n], n, T, "train", batch, sec, batch * T, sec / (batch * T), mb,
+        for n, (t, mb) in self.measure(fns, "train", T, a.repeats).items():
+            tflops = flops.train_flops(self.cfg(n, T), a.vocab_size, batch * T) / t.median / 1e12
+            self.row(models[n], n, T, "train", batch, t, batch * T, batch * T, mb,
                      model_tflops_per_s=tflops, mfu=tflops / ceiling_tflops)
 
 

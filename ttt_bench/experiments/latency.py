@@ -12,14 +12,14 @@ import pandas as pd
 from ..bench.models import summary as models_summary
 from ..io import read_table
 from .engine import plotting as P
+from .engine import timing
 from .engine.experiment import Experiment, PlotCommand, Section, read_csv
 from .engine.report import Step
 from .engine.tables import context_label
 from .engine.verdicts import FAILS, HOLDS, INCONCLUSIVE, MISSING, Claim, Verdict
 
 PROFILES = {  # `ttt-bench bench models` arguments per profile
-    "quick": ["--preset", "cpu-ref", "--phases", "prefill,decode", "--contexts", "1024-4096",
-              "--repeats", "1"],
+    "quick": ["--preset", "cpu-ref", "--phases", "prefill,decode", "--contexts", "1024-4096"],
     "cpu": ["--preset", "cpu-ref", "--phases", "prefill,decode"],
     "paper": ["--size", "1.3b", "--batch", "16", "--decode-batch", "512", "--dtype", "bfloat16", "--contexts",
               "1024-32768", "--phases", "prefill,decode"],
@@ -68,23 +68,35 @@ def plot_latency(inputs: list[Path], stem: Path) -> list[Path]:
 
 
 def prefill_faster_from_8k(r) -> Verdict:
-    """One benchmark run (best of its repeats): a ratio within 10% of 1 is called inconclusive."""
+    """The ratio TTT-Linear / Transformer of prefill latency per token at every context >= 8k: holds below
+    0.9 and outside the repeats' spread, does not hold above 1.1 (outside it) at some context, else
+    inconclusive; a timing that engine/timing.py doubts (cold, too few repeats, under load) is
+    inconclusive with the reason."""
     b = r.csv("latency", "latency.csv")
     if b is None or b.empty:
         return Verdict(MISSING, "no latency benchmark")
-    lat = b[b["phase"] == "prefill"].pivot_table(index="context", columns="model",
-                                                 values="latency_ms_per_token")
-    if not {"ttt_linear", "transformer"} <= set(lat.columns) or lat.index.max() < 8192:
+    rows = b[(b["phase"] == "prefill") & b["model"].isin(["ttt_linear", "transformer"])
+             & (pd.to_numeric(b["context"], errors="coerce") >= 8192)]
+    rows = rows[pd.to_numeric(rows["latency_ms_per_token"], errors="coerce").notna()]
+    lat = rows.pivot_table(index="context", columns="model", values="latency_ms_per_token")
+    if not {"ttt_linear", "transformer"} <= set(lat.columns):
         return Verdict(MISSING, "TTT-Linear and Transformer prefill at >= 8k not measured")
-    ratio = (lat["ttt_linear"] / lat["transformer"])[lat.index >= 8192]
-    status = HOLDS if (ratio < 0.9).all() else (FAILS if (ratio > 1.1).any() else INCONCLUSIVE)
+    ratio = lat["ttt_linear"] / lat["transformer"]
+    noise = rows.assign(s=timing.spread(rows)).pivot_table(index="context", columns="model", values="s")
+    clear = pd.Series({c: timing.beyond_spread(v, noise.loc[c, "ttt_linear"], noise.loc[c, "transformer"])
+                       for c, v in ratio.items()})
+    status = (HOLDS if ((ratio < 0.9) & clear).all() else
+              FAILS if ((ratio > 1.1) & clear).any() else INCONCLUSIVE)
+    repeats = pd.to_numeric(rows["repeats"], errors="coerce").min() if "repeats" in rows else float("nan")
     sentence = (
         "TTT-Linear / Transformer prefill latency per token: "
         + ", ".join(f"{c // 1024}k {v:.2f}x" for c, v in ratio.items())
-        + " (one run; within 10% of 1 is inconclusive)"
+        + f" (median of {repeats:.0f} repeats, {timing.spread_text(rows)}; within 10% of 1 or "
+        "within the spread is inconclusive)"
     )
+    if (why := timing.doubt(rows)) is not None:
+        status, sentence = INCONCLUSIVE, f"{sentence}; inconclusive: {why}"
     return Verdict(status, sentence, {"ratio": ratio.to_dict()})
-
 
 
 def campaign_latency(folder: Path) -> tuple[pd.DataFrame | None, str | None]:

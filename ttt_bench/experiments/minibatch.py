@@ -6,8 +6,8 @@ dual form, split into the W's at the end of every mini-batch and the z's (`time_
 the runs). Figures 5/17: l(W_0; x_t), l(W_{t-1}; x_t) and l(W_t; x_t) of the b = 1 networks.
 """
 
+import logging
 import math
-import time
 from functools import partial
 from pathlib import Path
 
@@ -15,12 +15,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..bench.common import loaded, timings
 from ..io import read_table, write_atomic
 from ..models.ttt.dual_scan import BATCH_GD_CHUNK, ttt_linear_batch_gd, ttt_linear_dual
 from ..training.checkpoint import load_checkpoint
 from ..training.evaluate import inner_losses as measure_inner_losses
 from . import mttt, units
 from .engine import plotting as P
+from .engine import timing
 from .engine.experiment import Experiment, PlotCommand, Section, read_csv
 from .engine.floors import drawn_floors, undertrained
 from .engine.plan import Run, configuration, data_overrides
@@ -40,21 +42,9 @@ from .engine.verdicts import (
     status_of,
 )
 
+log = logging.getLogger("ttt_bench.experiments")
+
 # ---- measurements ----
-
-
-def _best_times(fns: list, repeats: int) -> list[float]:
-    """The best of `repeats` timings of each function, the functions run in alternation (a burst of load
-    slows them alike), after one warm-up call each."""
-    times = [[] for _ in fns]
-    for fn in fns:
-        fn()
-    for _ in range(repeats):
-        for fn, t in zip(fns, times, strict=True):
-            start = time.perf_counter()
-            fn()
-            t.append(time.perf_counter() - start)
-    return [min(t) for t in times]
 
 
 @torch.no_grad()
@@ -62,7 +52,9 @@ def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, 
                  repeats: int = 3, seed: int = 0) -> pd.DataFrame:
     """Figure 8 (right): forward time of one TTT-Linear layer in dual form (dual_scan.ttt_linear_dual) at
     context `seq_len`, total and for the W's at the end of every mini-batch alone (the same steps without
-    the outputs), the two timed in alternation (best of `repeats` each); the z's take the difference, and
+    the outputs), the two timed in alternation after a warm-up call (bench.common.timings: the median of
+    `repeats` each, their spread and the load during them, columns engine/timing.py reads); the z's take
+    the difference, and
     the W's, a part of the work timed apart, are capped at the total. `layer_ms`: what the layer runs,
     the dual form except at b = T above a chunk, where it takes the chunked batch GD
     (dual_scan.ttt_linear_batch_gd). The b's above the context are left out."""
@@ -78,17 +70,19 @@ def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, 
         N = seq_len // b
         XQ, XK, XV = (torch.randn(batch, H, N, b, f, generator=g) for _ in range(3))
         both = partial(ttt_linear_dual, XQ, XK, XV, torch.full((batch, H, N, b, b), 1.0 / f), W0, b0, *ln)
-        fns = [both, partial(both, outputs=False)]
+        fns = {"total": both, "w": partial(both, outputs=False)}
         if N == 1 and b > BATCH_GD_CHUNK:  # the layer's batch-GD path
             lr, token_eta = torch.full((batch, H, b), 1.0 / f), 1 / torch.arange(1.0, b + 1)
             one = (XQ[:, :, 0], XK[:, :, 0], XV[:, :, 0])
-            fns.append(partial(ttt_linear_batch_gd, *one, token_eta, lr, W0, b0, ln))
-        total, weights, *layer = _best_times(fns, repeats)
-        weights = min(weights, total)
+            fns["layer"] = partial(ttt_linear_batch_gd, *one, token_eta, lr, W0, b0, ln)
+        t = timings(fns, torch.device("cpu"), warmup=1, repeats=repeats)
+        total, weights = t["total"].median, min(t["w"].median, t["total"].median)
+        threads = torch.get_num_threads()
         rows.append({"mini_batch": b, "total_ms": 1e3 * total, "w_ms": 1e3 * weights,
-                     "z_ms": 1e3 * (total - weights), "layer_ms": 1e3 * (layer[0] if layer else total),
-                     "seq_len": seq_len, "heads": H, "head_dim": f, "batch": batch,
-                     "threads": torch.get_num_threads()})
+                     "z_ms": 1e3 * (total - weights), "layer_ms": 1e3 * t.get("layer", t["total"]).median,
+                     "spread": t["total"].spread, "busy_cores_during": t["total"].others,
+                     "loaded_during": loaded(t["total"].others, threads), "repeats": repeats,
+                     "seq_len": seq_len, "heads": H, "head_dim": f, "batch": batch, "threads": threads})
     return pd.DataFrame(rows)
 
 
@@ -291,21 +285,28 @@ def minibatch_trend(r) -> Verdict:
 
 def dual_form_time(r) -> Verdict:
     """Forward time in dual form falls from b = 1 to b = 16 (more parallel W's), and rises again at b = T
-    (the z's, O(T b d)). One timing run: a change under 20% is called inconclusive (machine noise)."""
+    (the z's, O(T b d)): each ratio must exceed 1.2 and lie outside its timings' spread; a timing that
+    engine/timing.py doubts (too few repeats, under load, load not recorded) is inconclusive."""
     t = r.csv("minibatch", "timing.csv")
     if t is None or t.empty:
         return Verdict(MISSING, "no timing")
-    total = dict(zip(t["mini_batch"].astype(int), t["total_ms"], strict=True))
-    T = max(total)
+    t = t.assign(b=t["mini_batch"].astype(int), s=timing.spread(t)).set_index("b")
+    total, noise = t["total_ms"].to_dict(), t["s"].to_dict()
+    T, best = max(total), min(total, key=total.get)
     if 1 not in total or 16 not in total:
         return Verdict(MISSING, "b = 1 or b = 16 not timed")
-    fall, rise = total[1] / total[16], total[T] / min(total.values())
-    status = HOLDS if fall > 1.2 and rise > 1.2 else (FAILS if fall < 1 / 1.2 or rise < 1.0 else INCONCLUSIVE)
+    fall, rise = total[1] / total[16], total[T] / total[best]
+    clear = (timing.beyond_spread(fall, noise[1], noise[16]),
+             timing.beyond_spread(rise, noise[T], noise[best]))
+    status = (HOLDS if fall > 1.2 and rise > 1.2 and all(clear) else
+              FAILS if (fall < 1 / 1.2 and clear[0]) or (rise < 1.0 and clear[1]) else INCONCLUSIVE)
     sentence = (
         f"b=1 takes {fall:.1f}x the time of b=16 ({total[1]:.1f} vs {total[16]:.1f} ms), and b=T {rise:.1f}x "
-        "the "
-        f"fastest b ({total[T]:.1f} vs {min(total.values()):.1f} ms); a margin of 20% is required"
+        f"the fastest b ({total[T]:.1f} vs {total[best]:.1f} ms); a margin of 20% and a ratio outside the "
+        f"repeats' spread ({timing.spread_text(t)}) are required"
     )
+    if (why := timing.doubt(t)) is not None:
+        status, sentence = INCONCLUSIVE, f"{sentence}; inconclusive: {why}"
     return Verdict(status, sentence, {"b1_over_b16": fall, "bT_over_best": rise})
 
 
@@ -363,10 +364,16 @@ class MiniBatch(Experiment):
 
     def measure(self, step, trained, ctx) -> None:
         """Figure 8 (right), timed with the runs (tabulating or only restoring them keeps the committed
-        timing); Figures 5/17: the inner losses of the networks with the smallest b trained, one per seed
-        (the paper's are b = 1)."""
-        reg = trained.registry
-        if not (step.dir / "timing.csv").is_file() or (ctx.train and not step.restored_only(reg)):
+        timing, unless it has no record of the load during it: that one is moved aside to
+        timing.no-load-record.csv and timed again); Figures 5/17: the inner losses of the networks with the
+        smallest b trained, one per seed (the paper's are b = 1)."""
+        reg, timed = trained.registry, read_csv(step.dir, "timing.csv")
+        if timed is not None and "loaded_during" not in timed:
+            (step.dir / "timing.csv").replace(step.dir / "timing.no-load-record.csv")
+            log.info("minibatch: timing.csv has no record of the load during it: moved to "
+                     "timing.no-load-record.csv and timed again")
+            timed = None
+        if timed is None or (ctx.train and not step.restored_only(reg)):
             step.csv("timing.csv", time_w_and_z(self.sweep["mini_batch_sizes"],
                                                 **self.sweep["timing"][ctx.profile]))
         sweep_dir = ctx.runs / self.name

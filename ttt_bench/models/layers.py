@@ -175,5 +175,5 @@ class ResidualBlock(nn.Module):
         x = x + self.attn(self.attn_norm(x), cache)
         return x + self.mlp(self.mlp_norm(x))
 
-    def init_cache(self, batch_size: int, device=None, dtype=None):
-        return self.attn.init_cache(batch_size, device, dtype)
+    def init_cache(self, batch_size: int, device=None, dtype=None, max_len: int | None = None):
+        return self.attn.init_cache(batch_size, device, dtype, max_len)

@@ -16,7 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cost import swiglu_flops
 from .layers import ResidualBlock, apply_rope_pairs, rope_freqs
+
+CHUNK = 64  # tokens per chunk of causal_linear_attention
 
 
 @dataclass
@@ -26,7 +29,7 @@ class LinearAttentionCache:
     pos: int = 0
 
 
-def causal_linear_attention(q, k, v, state=None, norm=None, normalize: bool = False, chunk: int = 64):
+def causal_linear_attention(q, k, v, state=None, norm=None, normalize: bool = False, chunk: int = CHUNK):
     """q, k, v [B, H, T, f] (features already mapped by phi). Returns (z, S, n) with the updated state."""
     B, H, T, f = q.shape
     state = q.new_zeros(B, H, f, v.shape[-1]) if state is None else state
@@ -85,7 +88,7 @@ class LinearAttention(nn.Module):
         z = z.transpose(1, 2).reshape(B, T, D)
         return self.o_proj(self.post_norm(z) if self.post_norm is not None else z)
 
-    def init_cache(self, batch_size: int, device=None, dtype=None) -> LinearAttentionCache:
+    def init_cache(self, batch_size: int, device=None, dtype=None, max_len=None) -> LinearAttentionCache:
         return LinearAttentionCache()
 
 
@@ -105,3 +108,22 @@ class LinearAttentionBlock(ResidualBlock):
     ):
         mixer = LinearAttention(d_model, n_heads, variant, rope, rope_theta)
         super().__init__(layer_idx, mixer, d_model, mlp_hidden, norm_eps)
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, n_heads: int, mlp_hidden: int, variant: str, **_) -> dict:
+        """The Q, K, V, O projections and the MLP; across time, causal_linear_attention's chunks."""
+        f = d_model // n_heads
+        sizes = [min(CHUNK, seq_len - lo) for lo in range(0, seq_len, CHUNK)]
+        # per chunk of c tokens and head: q k^T and a v (2 c^2 f each), q S and k^T v (2 c f^2 each)
+        per_head = sum(4.0 * c * c * f + 4.0 * c * f * f for c in sizes)
+        if variant == "katharopoulos":
+            per_head += 2.0 * f * seq_len  # the normalizer q n^T
+        return {"dense": 4 * 2.0 * d_model * d_model + swiglu_flops(d_model, mlp_hidden),
+                "sequence": n_heads * per_head / seq_len}
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, n_heads: int, variant: str, **_) -> dict:
+        """S, H x f x f (f = d_model / H), and for the Katharopoulos variant the normaliser n = sum phi(k),
+        H x f (the improved variant has none)."""
+        f = d_model // n_heads
+        return {"S": n_heads * f * f} | ({"normaliser": n_heads * f} if variant == "katharopoulos" else {})

@@ -4,9 +4,12 @@ A method is a *block* class (the config's `model.block`, a `_partial_` Hydra tar
 `layer_idx=i`). Every block implements
 
     forward(x: [B, T, D], cache=None) -> [B, T, D]
-    init_cache(batch_size: int, device, dtype) -> cache
+    init_cache(batch_size: int, device, dtype, max_len) -> cache
 
-where `cache` is the block's own mutable decoding state (KV cache, TTT weights, SSM state...).
+where `cache` is the block's own mutable decoding state (KV cache, TTT weights, SSM state...) and max_len
+the most tokens it will see if known (None otherwise): a state that grows with the context (the KV cache)
+is allocated to it, a constant-size one ignores it. It also says what it costs, as the static methods
+`flops_per_token` and `state_floats` (cost.py).
 Calling `forward` with a cache consumes T new tokens and updates the cache in place, so
 `prefill(prompt)` then `step(token)` gives the same logits as one full forward pass.
 Adding a method means adding a block class and a `conf/model/*.yaml`: the training code never
@@ -77,10 +80,11 @@ class LanguageModel(nn.Module):
             x = block(x, cache=None if caches is None else caches[i])
         return self.lm_head(self.norm(x))
 
-    def init_caches(self, batch_size: int, device=None, dtype=None) -> list:
+    def init_caches(self, batch_size: int, device=None, dtype=None, max_len: int | None = None) -> list:
         device = device or self.embed.weight.device
         dtype = dtype or self.embed.weight.dtype
-        return [block.init_cache(batch_size, device=device, dtype=dtype) for block in self.blocks]
+        return [block.init_cache(batch_size, device=device, dtype=dtype, max_len=max_len)
+                for block in self.blocks]
 
     def num_params(self, non_embedding: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

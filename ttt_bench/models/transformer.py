@@ -6,17 +6,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .cost import causal_attention_flops, swiglu_flops
 from .layers import ResidualBlock, apply_rope, rope_cos_sin
 
 
 @dataclass
 class KVCache:
-    k: torch.Tensor  # [B, H, T_seen, head_dim]
-    v: torch.Tensor
+    """The keys and values of the tokens seen, written in place into buffers preallocated by
+    `Attention.init_cache`: a decoding step copies its own token, not the whole cache (concatenating would
+    copy O(T^2) over T steps). Past their capacity the buffers double rather than refuse: a caller that does
+    not know the final length (a prompt of any size, the decode tests) still decodes, for about one more copy
+    of each token; one that knows it (generate, bench models) passes it, and no step reallocates."""
 
-    @property
-    def length(self) -> int:
-        return self.k.shape[2]
+    keys: torch.Tensor  # [B, H, capacity, head_dim]; the first `length` positions hold the tokens seen
+    values: torch.Tensor
+    length: int = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the keys and values [B, H, T, head_dim] of T new tokens after the cached ones; returns those
+        of every token seen, views of the buffers."""
+        end = self.length + k.shape[2]
+        if end > self.keys.shape[2]:
+            self._grow(max(end, 2 * self.keys.shape[2]))
+        self.keys[:, :, self.length : end] = k
+        self.values[:, :, self.length : end] = v
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def _grow(self, capacity: int) -> None:
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_empty(*old.shape[:2], capacity, old.shape[3])
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
 
 
 class Attention(nn.Module):
@@ -40,18 +62,21 @@ class Attention(nn.Module):
         )
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
-            cache.k, cache.v = torch.cat([cache.k, k], dim=2), torch.cat([cache.v, v], dim=2)
-            k, v = cache.k, cache.v
-        if start == 0:
+            k, v = cache.append(k, v)
+        if T == 1:  # one query attends to every key there is: no mask
+            y = F.scaled_dot_product_attention(q, k, v)
+        elif start == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:  # new queries attend to every cached key and causally among themselves
             mask = torch.ones(T, start + T, dtype=torch.bool, device=x.device).tril(diagonal=start)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, D))
 
-    def init_cache(self, batch_size: int, device=None, dtype=None) -> KVCache:
-        empty = torch.empty(batch_size, self.n_heads, 0, self.head_dim, device=device, dtype=dtype)
-        return KVCache(k=empty, v=empty.clone())
+    def init_cache(self, batch_size: int, device=None, dtype=None, max_len: int | None = None) -> KVCache:
+        """A cache with room for max_len tokens (none allocated before the first call if not given)."""
+        empty = lambda: torch.empty(batch_size, self.n_heads, max_len or 0, self.head_dim, device=device,
+                                    dtype=dtype)
+        return KVCache(keys=empty(), values=empty())
 
 
 class TransformerBlock(ResidualBlock):
@@ -67,3 +92,15 @@ class TransformerBlock(ResidualBlock):
         norm_eps: float = 1e-6,
     ):
         super().__init__(layer_idx, Attention(d_model, n_heads, rope_theta), d_model, mlp_hidden, norm_eps)
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, mlp_hidden: int, **_) -> dict:
+        """The Q, K, V, O projections and the MLP; causal attention across time (cost.py)."""
+        return {"dense": 4 * 2.0 * d_model * d_model + swiglu_flops(d_model, mlp_hidden),
+                "sequence": causal_attention_flops(d_model, seq_len)}
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, **_) -> dict:
+        """The KV cache, 2 x seq_len x d_model (keys and values of every token seen), growing with the
+        context."""
+        return {"kv_cache": 2 * seq_len * d_model}

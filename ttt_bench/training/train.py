@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from ..config import task_name
+from ..data.epochs import trained_loop_warning
 from ..errors import UserError
 from ..flops import flops_per_token, train_flops
 from ..io import write_json
@@ -269,6 +270,8 @@ def fit(cfg: DictConfig, run_dir: Path, geo: dict, make_module) -> dict:
     L.seed_everything(cfg.seed, workers=True)
     dm = build_data(cfg, int(cfg.trainer.max_steps) * geo["tokens_per_step"])
     if rank_zero_only.rank == 0:
+        if loops := trained_loop_warning(str(run_dir), dm):  # a small corpus under a paper-sized budget
+            log.warning(loops)
         ident = identity(cfg, getattr(dm, "fingerprint", None))
         if why := why_new(run_dir, ident):
             log.info(why)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ttt_bench.errors import UserError
 
+from ..cost import arguments
 from ..layers import CausalConv1d, RMSNorm
 from . import scan_cpu
 from .scan import selective_scan
@@ -32,6 +33,7 @@ from .scan import selective_scan
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 _logged_backends: set[str] = set()
+SCAN_FLOPS_PER_STATE = 9  # mamba-ssm: 9 * batch * length * d_inner * d_state for the selective scan
 
 
 @functools.cache
@@ -96,7 +98,7 @@ class Mamba(nn.Module):
                             "or use backend=auto|torch")
         self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
         self.d_inner = expand * d_model
-        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
+        self.dt_rank = self._rank(d_model, dt_rank)
         self.dt_min, self.dt_max, self.dt_init_floor, self.dt_scale = dt_min, dt_max, dt_init_floor, dt_scale
         self.backend, self.chunk_size = backend, chunk_size
 
@@ -110,6 +112,25 @@ class Mamba(nn.Module):
         for p in (self.A_log, self.D):  # as mamba-ssm; the optimizer may honour it
             p._no_weight_decay = True
         self.init_special_parameters()
+
+    @staticmethod
+    def _rank(d_model: int, dt_rank) -> int:
+        return math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, d_state: int, d_conv: int, expand: int, dt_rank,
+                        **_) -> dict:
+        """in_proj [d, 2E], the depthwise conv, x_proj [E, R + 2N], dt_proj [R, E], out_proj [E, d]
+        (E = d_inner, N = d_state, R = dt_rank); the selective scan, elementwise, as mamba-ssm counts it."""
+        E, N, R, k = expand * d_model, d_state, Mamba._rank(d_model, dt_rank), d_conv
+        dense = 2.0 * d_model * 2 * E + 2.0 * E * k + 2.0 * E * (R + 2 * N) + 2.0 * R * E + 2.0 * E * d_model
+        return {"dense": dense, "scan": SCAN_FLOPS_PER_STATE * E * N}
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, d_state: int, d_conv: int, expand: int, **_) -> dict:
+        """The SSM state, d_inner x d_state, and the conv state, d_inner x (d_conv - 1)."""
+        d_inner = expand * d_model
+        return {"ssm": d_inner * d_state, "conv": d_inner * (d_conv - 1)}
 
     @torch.no_grad()
     def init_special_parameters(self) -> None:
@@ -196,5 +217,15 @@ class MambaBlock(nn.Module):
     def init_special_parameters(self) -> None:
         self.mixer.init_special_parameters()
 
-    def init_cache(self, batch_size: int, device=None, dtype=None) -> MambaCache:
+    def init_cache(self, batch_size: int, device=None, dtype=None, max_len=None) -> MambaCache:
         return self.mixer.init_cache(batch_size, device, dtype)
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, mixer_kwargs: dict, **_) -> dict:
+        """The mixer's (the norm costs nothing)."""
+        return Mamba.flops_per_token(seq_len, **arguments(Mamba, {"d_model": d_model, **mixer_kwargs}))
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, mixer_kwargs: dict, **_) -> dict:
+        """The mixer's."""
+        return Mamba.state_floats(seq_len, **arguments(Mamba, {"d_model": d_model, **mixer_kwargs}))

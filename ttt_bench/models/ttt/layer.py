@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import kernels
+from ..cost import arguments, causal_attention_flops, swiglu_flops
 from ..fusion import fuse
 from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freqs
 from . import dual_scan, forms, kernel_check, learner
@@ -127,7 +128,7 @@ class TTTLayer(nn.Module):
             self.ttt_norm_weight = nn.Parameter(torch.ones(H, f)) if ln_residual else None
             self.ttt_norm_bias = nn.Parameter(torch.zeros(H, f)) if ln_residual else None
             # W_0 = theta_init (Section 2.7), or 0; per head, one (W, b) per layer of f
-            dims = [f, f] if learner == "linear" else [f, mlp_expansion * f, f]
+            dims = self._dims(f, learner, mlp_expansion)
             for k in range(len(dims) - 1):
                 W, b = (
                     torch.zeros(H, dims[k], dims[k + 1]),
@@ -141,6 +142,63 @@ class TTTLayer(nn.Module):
                 if isinstance(getattr(self, name, None), nn.Parameter):
                     getattr(self, name)._no_weight_decay = True
         self.init_special_parameters()
+
+    @staticmethod
+    def _dims(head_dim: int, learner: str, mlp_expansion: int) -> list[int]:
+        """The widths of the inner model f, per head: f -> f (linear), f -> m f -> f (mlp)."""
+        return [head_dim, head_dim] if learner == "linear" else [head_dim, mlp_expansion * head_dim, head_dim]
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, n_heads: int, learner: str, mini_batch_size: int,
+                        form: str, inner_bias: bool, learnable_lr: bool, checkpoint_every: int,
+                        share_qk: bool, use_gate: bool, conv_kernel: int, mlp_expansion: int, **_) -> dict:
+        """The views Q, V, O (+ K unless share_qk, + the gate G with use_gate) and share_qk's two convs;
+        across time, the inner loop over mini-batches of b tokens, or for the kernel learner causal
+        attention."""
+        d, H = d_model, n_heads
+        views = 3 + (not share_qk) + use_gate
+        dense = views * 2.0 * d * d + (2 * 2.0 * d * conv_kernel if share_qk else 0.0)
+        if learner == "kernel":
+            return {"dense": dense, "sequence": causal_attention_flops(d, seq_len)}
+        dims = TTTLayer._dims(d // H, learner, mlp_expansion)
+        layers = list(zip(dims, dims[1:]))
+        b = min(mini_batch_size, seq_len)
+        n, rest = divmod(seq_len, b)
+        per_head = n * _chunk_flops(layers, b, form, inner_bias)
+        per_head += _chunk_flops(layers, rest, form, inner_bias) if rest else 0.0
+        sequence = H * per_head / seq_len
+        if learnable_lr:
+            sequence += 2.0 * d * H  # eta(x) = eta_base sigmoid(theta_lr . x), one per head
+        # checkpointing through time runs the inner loop's forward once more in the backward
+        return {"dense": dense, "sequence": sequence, "recompute": sequence if checkpoint_every else 0.0}
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, n_heads: int, learner: str, mini_batch_size: int,
+                     inner_bias: bool, share_qk: bool, conv_kernel: int, mlp_expansion: int, **_) -> dict:
+        """The kernel learner (Theorem 2) is attention: its KV cache, 2 x seq_len x d_model. TTT-Linear:
+        W1 (H x f x f) and b1 (H x f, with inner_bias); TTT-MLP: W1 (H x f x m f), b1 (H x m f),
+        W2 (H x m f x f), b2 (H x f), m = mlp_expansion. Besides the weights W_t', the cache holds
+          * the pending gradient sums of an unfinished mini-batch (same shapes as the weights): counted, as
+            the cache keeps them, when seq_len is not a multiple of the mini-batch size b (between
+            mini-batch ends a decoder carries W_t' and the sums, up to twice the weights);
+          * with share_qk, the last conv_kernel - 1 inputs of the Q and K convs:
+            2 x (conv_kernel - 1) x d_model.
+        """
+        if learner == "kernel":
+            out = {"kv_cache": 2 * seq_len * d_model}
+        else:
+            dims = TTTLayer._dims(d_model // n_heads, learner, mlp_expansion)
+            weights = {}
+            for k in range(len(dims) - 1):
+                weights[f"W{k + 1}"] = n_heads * dims[k] * dims[k + 1]
+                if inner_bias:
+                    weights[f"b{k + 1}"] = n_heads * dims[k + 1]
+            out = dict(weights)
+            if seq_len % mini_batch_size:
+                out.update({f"pending_{k}": v for k, v in weights.items()})
+        if share_qk:
+            out["conv"] = 2 * (conv_kernel - 1) * d_model
+        return out
 
     def init_special_parameters(self) -> None:
         """The authors' init: W_0 ~ N(0, 0.02), biases 0, LN 1/0, theta_lr ~ N(0, 0.02), convs as PyTorch."""
@@ -207,6 +265,14 @@ class TTTLayer(nn.Module):
         kernel_check.log_path_once(what, shape, reason)
         return not reason
 
+    def dual_kernel(self, XQ: torch.Tensor, bias, ln) -> str | None:
+        """The matmul precision of the Triton dual-form kernel if the complete mini-batches XQ [B, H, N, b, f]
+        (with the bias and LN of the inner loop) run in it here, None if they run in PyTorch. Its one
+        selection: `_ttt` runs what it says, and `ttt-bench bench forms` labels its rows by it."""
+        if self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, bias, ln):
+            return kernel_check.precision()  # tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: PRECISION says why
+        return None
+
     def _continue(self, params, sums, xq, xk, xv, lr, start: int):
         """Tokens of one mini-batch from its position `start`, carrying gradient sums (primal form)."""
         c = xq.shape[2]
@@ -251,10 +317,8 @@ class TTTLayer(nn.Module):
                 one = (XQ[:, :, 0], XK[:, :, 0], XV[:, :, 0])
                 Z, *params = dual_scan.ttt_linear_batch_gd(*one, self.token_eta(0, b), lr[..., t : t + b],
                                                            *params, ln)
-            elif self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, params[1], ln):
-                # matmuls in tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: kernel_check.PRECISION says why
-                Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln,
-                                                     precision=kernel_check.precision())
+            elif precision := self.dual_kernel(XQ, params[1], ln):
+                Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln, precision=precision)
             elif self.form == "dual":  # the fast dual scans (dual_scan.py)
                 args = (XQ, XK, XV, eta, *params, *(ln or (None, None)))
                 if self.learner == "linear":
@@ -347,6 +411,22 @@ class TTTLayer(nn.Module):
         return self.o_proj(z)
 
 
+def _chunk_flops(layers: list[tuple[int, int]], c: int, form: str, bias: bool) -> float:
+    """Inner-loop FLOPs of one head for a chunk of c tokens (forms.py), f's layers [(in, out)]: gradients at
+    W_{t'}, then the dual form's outputs and end-of-mini-batch weights, or the primal form's per-token
+    weights."""
+    flops = sum(2.0 * c * i * o for i, o in layers)  # forward of f on the training view
+    flops += sum(2.0 * c * i * o for i, o in layers[1:])  # backward through the upper layers
+    for i, o in layers:
+        if form == "dual":
+            # x W and W - X^T G for the next mini-batch, then x X^T, (eta * x X^T) G and [eta G]
+            flops += 4.0 * c * i * o + 2.0 * c * c * i + 2.0 * c * c * o * (2 if bias else 1)
+        else:
+            # W_t = W - eta G_t for every token (c x c by c x (i o)), [b_t], then f(x_t; W_t)
+            flops += 2.0 * c * c * i * o + (2.0 * c * c * o if bias else 0.0) + 2.0 * c * i * o
+    return flops
+
+
 class TTTBlock(nn.Module):
     """A residual block with a TTT layer, in the Transformer or the Mamba backbone (Figure 16). The backbone
     sets the defaults of the authors' flags pre_conv (a causal conv before the TTT layer), share_qk (one
@@ -373,9 +453,7 @@ class TTTBlock(nn.Module):
         if backbone not in ("mamba", "transformer"):
             raise ValueError(f"backbone must be 'mamba' or 'transformer', got {backbone!r}")
         self.layer_idx, self.backbone = layer_idx, backbone
-        # The authors' three flags, each on in the Mamba backbone and off in the Transformer's unless set.
-        flags = (pre_conv, share_qk, use_gate)
-        pre_conv, share_qk, use_gate = (backbone == "mamba" if f is None else f for f in flags)
+        pre_conv, share_qk, use_gate = self._flags(backbone, pre_conv, share_qk, use_gate)
         self.pre_conv_norm = RMSNorm(d_model, norm_eps) if pre_conv else None
         self.pre_conv = CausalConv1d(d_model, conv_kernel) if pre_conv else None
         self.seq_norm = RMSNorm(d_model, norm_eps)
@@ -384,6 +462,38 @@ class TTTBlock(nn.Module):
         self.ttt.layer_idx = layer_idx
         self.mlp_norm = RMSNorm(d_model, norm_eps)
         self.mlp = SwiGLU(d_model, mlp_hidden)
+
+    @staticmethod
+    def _flags(backbone: str, pre_conv: bool | None, share_qk: bool | None, use_gate: bool | None) -> tuple:
+        """The authors' three flags, each on in the Mamba backbone and off in the Transformer's unless set."""
+        return tuple(backbone == "mamba" if f is None else f for f in (pre_conv, share_qk, use_gate))
+
+    @staticmethod
+    def _parts(d_model: int, conv_kernel: int, n_heads: int, backbone: str, pre_conv: bool | None,
+               share_qk: bool | None, use_gate: bool | None, ttt: dict, **_) -> tuple[bool, dict]:
+        """Whether the block has its pre-conv, and its TTT layer's arguments, as __init__ builds them."""
+        pre_conv, share_qk, use_gate = TTTBlock._flags(backbone, pre_conv, share_qk, use_gate)
+        layer = dict(ttt, d_model=d_model, n_heads=n_heads, share_qk=share_qk, use_gate=use_gate,
+                     conv_kernel=conv_kernel)
+        return pre_conv, arguments(TTTLayer, layer)
+
+    @staticmethod
+    def flops_per_token(seq_len: int, d_model: int, mlp_hidden: int, conv_kernel: int, **block) -> dict:
+        """The TTT layer's, the MLP's and the pre-conv's."""
+        pre_conv, layer = TTTBlock._parts(d_model, conv_kernel, **block)
+        out = TTTLayer.flops_per_token(seq_len, **layer)
+        out["dense"] += swiglu_flops(d_model, mlp_hidden) + (2.0 * d_model * conv_kernel if pre_conv else 0.0)
+        return out
+
+    @staticmethod
+    def state_floats(seq_len: int, d_model: int, conv_kernel: int, **block) -> dict:
+        """The TTT layer's, and the last conv_kernel - 1 inputs of the pre-conv (counted with the layer's
+        convs, as "conv")."""
+        pre_conv, layer = TTTBlock._parts(d_model, conv_kernel, **block)
+        out = TTTLayer.state_floats(seq_len, **layer)
+        if pre_conv:
+            out["conv"] = out.get("conv", 0) + (conv_kernel - 1) * d_model
+        return out
 
     def init_special_parameters(self) -> None:
         self.ttt.init_special_parameters()
@@ -404,5 +514,5 @@ class TTTBlock(nn.Module):
         x = x + self.ttt(self.seq_norm(x), cache)
         return x + self.mlp(self.mlp_norm(x))
 
-    def init_cache(self, batch_size: int, device=None, dtype=None) -> TTTCache:
+    def init_cache(self, batch_size: int, device=None, dtype=None, max_len=None) -> TTTCache:
         return TTTCache()  # filled on the first call: W_{t'} starts at theta_init
