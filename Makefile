@@ -10,7 +10,7 @@ DATA_DIR ?=
 EXTRAS ?= dev
 REPLACE ?=
 
-.PHONY: setup test test-fast reproduce bench lint clean gpu-campaign wheelhouse mamba-sources mamba-wheels
+.PHONY: setup test test-fast reproduce bench lint clean gpu-campaign wheelhouse mamba-sources mamba-wheels gpu-speed
 
 # The pinned torch goes in first: on CPU machines it is the local CPU wheel; an unpinned torch
 # would pull several GB of CUDA packages.
@@ -53,6 +53,13 @@ FORCE ?=
 DRY ?=
 gpu-campaign: setup
 	$(PY) -m ttt_bench.campaign --stage $(STAGE) --out $(OUT) $(if $(FORCE),--force) $(if $(DRY),--dry)
+
+# The TTT-Linear prefill kernel on a GPU node (scripts/gpu_speed.sh, at most 8 minutes, the node's python3):
+# checked against float64, then timed against the chunk kernel; its files into GPU_SPEED_DIR (default $OUT,
+# else /tmp/ttt-gpu-speed).
+GPU_SPEED_DIR ?=
+gpu-speed:
+	bash scripts/gpu_speed.sh $(GPU_SPEED_DIR)
 
 # Offline GPU nodes (docs/offline.md). On a machine with internet, every wheel the toolkit needs beyond a
 # GPU image's base stack (torch, triton, lightning, numpy, pandas, matplotlib), for the node's Python (PY)

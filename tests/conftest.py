@@ -34,9 +34,9 @@ TINY = [
 # The integration tier is every test of the modules that run the CLI, training runs, sweeps, the campaign
 # or the Triton compiler end to end; a slower test elsewhere is marked `slow` where it is defined.
 INTEGRATION = {
-    "test_bad_inputs", "test_campaign", "test_cluster", "test_documented_commands", "test_experiments", "test_fuzz",
-    "test_interrupt", "test_kernels_aot", "test_readme", "test_reliability", "test_runs", "test_scaleout",
-    "test_sweep_folder", "test_wheelhouse",
+    "test_bad_inputs", "test_campaign", "test_cluster", "test_documented_commands", "test_experiments",
+    "test_fuzz", "test_interrupt", "test_kernels_aot", "test_readme", "test_reliability", "test_runs",
+    "test_scaleout", "test_sweep_folder", "test_wheelhouse",
 }
 
 

@@ -1,0 +1,282 @@
+"""The TTT-Linear prefill kernel on a GPU: checked against float64, timed against the dual-form chunk kernel.
+
+    python -m ttt_bench.kernels.prefill_speed --out DIR      # installed
+    python3 -m kernels.prefill_speed --out DIR      # from the repository root, not installed
+
+scripts/gpu_speed.sh runs it (make gpu-speed). Torch and Triton only, like the rest of kernels/, so that it
+runs on a GPU node where ttt_bench's other dependencies are not installed.
+
+1. check (DIR/prefill_check.csv): on fresh random inputs, with the output poisoned (NaN) before each run,
+   the kernel in bf16 at every candidate num_warps (up to f = 64) and at its default launch in bf16, tf32 and
+   exact float32 ("ieee", up to f = 64), T = 40 (two mini-batches and a short last one), against
+   `prefill_reference` in float64: the largest error over the reference's largest entry, per output (Z,
+   W_last, b_last), within CHECK_TOL.
+2. speed (DIR/prefill_speed.csv): at the head shapes of 125m (12 heads of 64) and 1.3b (32 of 64), batch 16,
+   contexts 2k and 8k, bf16 activations [B, T, H, f] as the projections give them:
+     old_kernel  the chunk kernel (kernels/ttt_linear.py, tf32, no states kept: inference) on its own inputs
+                 (float32 [B, H, N, b, f] and a materialised eta [B, H, N, b, b], made before the timing);
+     old_path    the same with what the layer does around it: bf16 [B, T, H, f] to float32 mini-batches,
+                 eta built, the output back to bf16 [B, T, H, f];
+     new         the prefill kernel from the bf16 [B, T, H, f] activations, at num_warps 1, 2, 4 (and its
+                 default), the final weights written.
+   Each the median of --repeats timed calls (CUDA events) after --warmup untimed ones; ms per position is
+   ms / T (one layer, the whole batch), model_ms_per_position that times the model's layers (the TTT inner
+   loop's share of a forward: issue 48 measured 0.223 ms per position for the whole 1.3b model with the old
+   kernel, the target 0.12). rel_err_vs_old: the new kernel's Z against the old kernel's on the same inputs.
+"""
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from functools import partial
+
+import torch
+
+from . import ttt_linear
+from . import ttt_linear_prefill as P
+
+# model: (heads, head size, layers)
+MODELS = {"125m": (12, 64, 12), "1.3b": (32, 64, 24)}
+BATCH, CONTEXTS, MINI_BATCH = 16, (2048, 8192), 16
+CHECK_TOL = {"bf16": 1.5e-2, "fp16": 1e-2, "tf32": 1e-2, "ieee": 1e-5}
+
+
+def interpreter_bf16_dot(create_dot):
+    """Triton's CPU interpreter keeps bfloat16 as uint16 and its tl.dot (InterpreterBuilder.create_dot)
+    multiplies that storage as integers: this wraps create_dot to widen bf16 operands to float32 first,
+    exactly, as the tensor cores multiply bf16 exactly and accumulate in float32 (--dry on CPU and
+    tests/test_kernel_prefill.py install it)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    def widen(x):
+        if x.get_element_ty() == tl.bfloat16 and x.data.dtype == np.uint16:
+            return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+        return x
+
+    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    return dot
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| over the largest |b| (NaN anywhere: inf)."""
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+def make_inputs(B, T, H, f, dtype, device, seed):
+    """Random inputs as the layer has them, every weight off its init: XQ, XK, XV [B, T, H, f] in dtype, lr
+    [B, H, T] (a transposed float32 view, as TTTLayer.inner_lr's) in [0, 0.3) / f * 16, W [H, f, f], bias,
+    LN weight and bias, token scaling te [b] = 1/i plus an offset."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    r = lambda *s, scale=1.0, shift=0.0: shift + scale * torch.randn(*s, generator=g, device=device)
+    XQ, XK, XV = (r(B, T, H, f).to(dtype) for _ in range(3))
+    lr = (0.3 * 16 / f * torch.rand(B, T, H, generator=g, device=device)).transpose(1, 2)
+    te = 1.0 / torch.arange(1, MINI_BATCH + 1, device=device) + 0.1 * torch.rand(MINI_BATCH, generator=g,
+                                                                                  device=device)
+    return XQ, XK, XV, lr, r(H, f, f, scale=0.3), r(H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), \
+        r(H, 1, f, scale=0.2), te
+
+
+def warps_candidates(f: int, precision: str, warps=P.WARPS) -> list[int]:
+    """num_warps to run: with 16-bit operands `warps` and the default, else the default alone."""
+    default = P.launch_options(f, precision)["num_warps"]
+    return sorted({*warps, default}) if precision in ("bf16", "fp16") else [default]
+
+
+def check(device, head_sizes, warps, T=40, seed=0) -> list[dict]:
+    """Every launch against float64 at T tokens (default 40: two mini-batches and a short last one, so one
+    compile covers both paths): bf16 at every candidate num_warps up to f = 64 (the timed head size), else
+    and in tf32 and ieee (up to f = 64: it spills KBs at 128, slow to compile) at the default launch."""
+    rows = []
+    cases = [("bf16", torch.bfloat16), ("tf32", torch.float32), ("ieee", torch.float32)]
+    for f in head_sizes:
+        for precision, dtype in cases:
+            if (precision == "tf32" and device == "cpu") or (precision == "ieee" and f > 64):
+                continue  # the interpreter runs tf32 as exact float32: nothing ieee does not check
+            for num_warps in warps_candidates(f, precision, warps if f <= 64 else ()):
+                seed += 1
+                inputs = make_inputs(2, T, 3, f, dtype, device, seed)
+                out = torch.full_like(inputs[0], float("nan"))
+                start = time.perf_counter()
+                try:
+                    got = P.ttt_linear_prefill(*inputs, precision=precision, num_warps=num_warps, out=out)
+                    if device == "cuda":
+                        torch.cuda.synchronize()
+                    error = ""
+                except Exception as e:  # noqa: BLE001  (recorded: a failed check)
+                    got, error = None, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:300]
+                seconds = time.perf_counter() - start
+                errs = {"Z": float("inf"), "W": float("inf"), "b": float("inf")}
+                if got is not None:
+                    errs = {k: rel_err(a, r) for k, a, r in zip(errs, got, P.prefill_reference(*inputs),
+                                                                 strict=True)}
+                ok = not error and max(errs.values()) <= CHECK_TOL[precision]
+                rows.append({"f": f, "precision": precision, "dtype": str(dtype).removeprefix("torch."),
+                             "num_warps": num_warps, "T": T,
+                             **{f"err_{k}": f"{v:.2e}" for k, v in errs.items()},
+                             "tolerance": CHECK_TOL[precision], "ok": ok, "first_call_s": round(seconds, 2),
+                             "error": error})
+                print(f"check f={f:3d} {precision:4s} warps={num_warps} T={T}: Z {errs['Z']:.1e} "
+                      f"W {errs['W']:.1e} b {errs['b']:.1e} {'ok' if ok else 'FAILED'} {error}", flush=True)
+    return rows
+
+
+def timed(fn, warmup: int, repeats: int, device) -> list[float]:
+    """ms of each of `repeats` calls after `warmup` untimed ones (CUDA events on a GPU)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return times
+
+
+def old_inputs(XQ, XK, XV, lr, W, bias, te):
+    """What the chunk kernel takes: float32 [B, H, N, b, f] mini-batches, eta [B, H, N, b, b], W, bias
+    expanded over the batch (as TTTLayer._ttt makes them from [B, T, H, f] activations)."""
+    B, T, H, f = XQ.shape
+    N = T // MINI_BATCH
+    split = lambda x: x.float().transpose(1, 2).reshape(B, H, N, MINI_BATCH, -1)
+    eta = te[:, None] * lr.float().reshape(B, H, N, MINI_BATCH)[..., None, :]  # TTTLayer.eta
+    return split(XQ), split(XK), split(XV), eta, W.expand(B, H, f, f), bias.expand(B, H, 1, f)
+
+
+def record(rows, common, variant, precision, launch, times, Z=None, Z_old=None) -> float:
+    """Append the row of one timed variant (common: model, heads, head_dim, layers, batch, context, ...)."""
+    ms, T = statistics.median(times), common["context"]
+    row = {**common, "variant": variant, "precision": precision, **launch, "ms_median": round(ms, 4),
+           "ms_min": round(min(times), 4), "ms_max": round(max(times), 4), "repeats": len(times),
+           "ms_per_position": ms / T, "model_ms_per_position": common["layers"] * ms / T,
+           "tokens_per_s": round(common["batch"] * T / ms * 1e3),
+           "us_per_mini_batch": round(1e3 * ms / (T // MINI_BATCH), 3),
+           "rel_err_vs_old": "" if Z is None else f"{rel_err(Z, Z_old):.2e}"}
+    rows.append(row)
+    print(f"{common['model']} T={T} {variant:10s} {precision:4s} warps={launch.get('num_warps', '-')}: "
+          f"{ms:9.3f} ms ({row['us_per_mini_batch']:8.2f} us a mini-batch, "
+          f"{row['model_ms_per_position']:.4f} model ms/position) {row['rel_err_vs_old']}", flush=True)
+    return ms
+
+
+def old_kernel(old, lnw, lnb):
+    """The chunk kernel on its prepared inputs (the inference path: under no_grad no states are kept)."""
+    return ttt_linear.ttt_linear_dual(*old, lnw, lnb, precision="tf32")
+
+
+def old_path(XQ, XK, XV, lr, W, bias, lnw, lnb, te):
+    """The layer's path around the chunk kernel, from and back to bf16 [B, T, H, f] (the layer's output is
+    [B, T, H * f] for its post-norm)."""
+    B, T, H, f = XQ.shape
+    Z, _, _ = ttt_linear.ttt_linear_dual(*old_inputs(XQ, XK, XV, lr, W, bias, te), lnw, lnb, precision="tf32")
+    return Z.reshape(B, H, T, f).transpose(1, 2).to(torch.bfloat16).reshape(B, T, H * f)
+
+
+def speed(device, models, contexts, batch, warps, warmup, repeats, seed=100) -> list[dict]:
+    rows = []
+    for model in models:
+        H, f, layers = MODELS[model]
+        for T in contexts:
+            seed += 1
+            args = make_inputs(batch, T, H, f, torch.bfloat16, device, seed)
+            XQ, XK, XV, lr, W, bias, lnw, lnb, te = args
+            common = {"model": model, "heads": H, "head_dim": f, "layers": layers, "batch": batch,
+                      "context": T, "dtype": "bfloat16",
+                      "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+            with torch.no_grad():
+                old = [t.contiguous() for t in old_inputs(XQ, XK, XV, lr, W, bias, te)]
+                Z_old = old_kernel(old, lnw, lnb)[0].reshape(batch, H, T, f).transpose(1, 2)  # [B, T, H, f]
+                old_launch = ttt_linear.launch_options(f, "tf32")
+                old_ms = record(rows, common, "old_kernel", "tf32", old_launch,
+                                timed(partial(old_kernel, old, lnw, lnb), warmup, repeats, device))
+                del old
+                record(rows, common, "old_path", "tf32", old_launch,
+                       timed(partial(old_path, *args), warmup, repeats, device))
+                for num_warps in warps_candidates(f, "bf16", warps):
+                    launch = {**P.launch_options(f, "bf16"), "num_warps": num_warps}
+                    out = torch.full_like(XQ, float("nan"))  # poisoned: is every element written?
+                    Z = P.ttt_linear_prefill(*args, out=out, **launch)[0]
+                    new = partial(P.ttt_linear_prefill, *args, **launch)
+                    ms = record(rows, common, "new", "bf16", launch, timed(new, warmup, repeats, device),
+                                Z, Z_old)
+                    rows[-1]["speedup_vs_old_kernel"] = round(old_ms / ms, 2)
+                del Z_old
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def write_csv(path, rows):
+    if not rows:
+        return
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="folder for prefill_check.csv and prefill_speed.csv")
+    p.add_argument("--stage", choices=("check", "speed", "all"), default="all")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
+    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--warps", type=int, nargs="+", default=list(P.WARPS))
+    p.add_argument("--check-f", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--dry", action="store_true",
+                   help="tiny shapes (on CPU in Triton's interpreter), for the tests")
+    args = p.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.dry:
+        p.error("no CUDA GPU: only --dry runs here (under TRITON_INTERPRET=1)")
+    if device == "cpu":
+        from triton.runtime.interpreter import InterpreterBuilder
+
+        InterpreterBuilder.create_dot = interpreter_bf16_dot(InterpreterBuilder.create_dot)
+    if args.dry:  # one tiny shape in place of the models: heads 2 of 16, contexts of 2 and 3 mini-batches
+        MODELS["dry"] = (2, 16, 2)
+        args.models, args.contexts, args.batch, args.check_f = ["dry"], [32, 48], 1, [16]
+    os.makedirs(args.out, exist_ok=True)
+    ok = True
+    if args.stage in ("check", "all"):
+        rows = check(device, args.check_f, args.warps)
+        write_csv(os.path.join(args.out, "prefill_check.csv"), rows)
+        bad = [r for r in rows if not r["ok"]]
+        print(f"check: {len(rows) - len(bad)} of {len(rows)} within tolerance", flush=True)
+        ok = not bad
+    if args.stage in ("speed", "all"):
+        rows = speed(device, args.models, args.contexts, args.batch, args.warps, args.warmup, args.repeats)
+        write_csv(os.path.join(args.out, "prefill_speed.csv"), rows)
+        print()
+        print("| model | T | variant | warps | ms | us/mini-batch | model ms/pos | speedup | err vs old |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {r['context']} | {r['variant']} | {r['num_warps']} | {r['ms_median']} | "
+                  f"{r['us_per_mini_batch']} | {r['model_ms_per_position']:.4f} | "
+                  f"{r.get('speedup_vs_old_kernel', '')} | {r['rel_err_vs_old']} |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
