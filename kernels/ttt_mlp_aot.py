@@ -1,0 +1,138 @@
+"""Ahead-of-time compile of the TTT-MLP dual-form kernel (kernels/ttt_mlp.py) for CUDA targets, without a GPU.
+
+As kernels/aot.py does for the TTT-Linear kernels: `triton.compile` of an `ASTSource` for
+`GPUTarget("cuda", arch, 32)` runs the whole GPU pipeline down to ptxas (shipped with Triton), which reports
+the registers per thread and the bytes spilled to local memory; `metadata.shared` is the shared memory a
+program needs, against the target's per-block limit. tests/test_kernel_ttt_mlp.py runs it in a subprocess
+(not under TRITON_INTERPRET=1, where no @jit function can be compiled):
+
+    python -m ttt_bench.kernels.ttt_mlp_aot                     # f 16 32 64 x warps 4 8 16 x precisions
+    python -m ttt_bench.kernels.ttt_mlp_aot --launch            # the launcher's options only
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import ttt_mlp
+
+# shared memory a block may use (bytes; cudaDevAttrMaxSharedMemoryPerBlockOptin): A100 (sm_80) 163 KB,
+# H100 (sm_90) 227 KB
+SHARED_LIMIT = {80: 166912, 90: 232448}
+WARPS = (4, 8, 16)
+_INTS = ("N", "H")  # the kernel's integer arguments; every other non-constexpr one is a pointer
+_PTXAS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+
+
+def compile_kernel(arch: int, f: int, precision: str = "tf32", num_warps: int | None = None,
+                   num_stages: int | None = None, b: int = ttt_mlp.MINI_BATCHES[0],
+                   dtype: str = "fp32") -> dict:
+    """Compile the forward kernel for sm_{arch} at head size f (hidden 4 f), mini-batch b, with the inputs
+    (XQ, XK, XV, eta) of `dtype` and the launch options (default: the launcher's). Returns registers per
+    thread, spill stores/loads and stack frame (bytes per thread, ptxas), shared memory per program, the
+    target's limit, whether the program id is widened to int64, compile seconds, `error` where it fails."""
+    fn = ttt_mlp._mlp_dual_fwd_kernel
+    if not isinstance(fn, triton.runtime.JITFunction):
+        raise RuntimeError("Triton's interpreter is on (TRITON_INTERPRET=1): its kernels cannot be compiled")
+    launch = ttt_mlp.launch_options(f, precision)
+    if num_warps is not None:
+        launch["num_warps"] = num_warps
+    if num_stages is not None:
+        launch["num_stages"] = num_stages
+    constexprs = {"F": f, "M": ttt_mlp.EXPANSION * f, "BS": b, "PRECISION": precision}
+    activations = ("XQ", "XK", "XV", "ETA", "Z")
+    signature = {a: "constexpr" if a in constexprs else "i32" if a in _INTS
+                 else f"*{dtype}" if a in activations else "*fp32" for a in fn.arg_names}
+    # as at a launch: torch's allocations are 16-byte aligned and Triton specializes pointers on that
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if signature[a].startswith("*")}
+    record = {"kernel": "ttt_mlp_forward", "arch": arch, "f": f, "precision": precision, "dtype": dtype,
+              "b": b, **launch, "limit": SHARED_LIMIT.get(arch)}
+    log = io.StringIO()
+    start = time.perf_counter()
+    try:
+        with triton.knobs.nvidia.scope(), triton.knobs.compilation.scope(), contextlib.redirect_stdout(log):
+            triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed: registers and spills
+            triton.knobs.compilation.always_compile = True  # a cache hit would skip ptxas and its report
+            source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch)
+    except Exception as e:  # noqa: BLE001  (a compile error is the record's verdict)
+        cause = e
+        while (cause.__cause__ or cause.__context__) is not None:
+            cause = cause.__cause__ or cause.__context__
+        first = (str(cause).strip().splitlines() or [""])[0]
+        return {**record, "error": f"{type(e).__name__}: {type(cause).__name__}: {first}"[:400],
+                "seconds": round(time.perf_counter() - start, 2)}
+    text = log.getvalue()
+    spill, regs = _PTXAS.search(text), _REGS.search(text)
+    if not (spill and regs):
+        raise RuntimeError(f"no ptxas report for sm_{arch} f={f}: {text[-500:]!r}")
+    stack, stores, loads = (int(g) for g in spill.groups())
+    pid = re.search(r"(%\w+) = tt.get_program_id x : i32", compiled.asm["ttir"])
+    int64 = bool(pid) and f"arith.extsi {pid.group(1)} : i32 to i64" in compiled.asm["ttir"]
+    return {**record, "regs": int(regs.group(1)), "stack": stack, "spill_stores": stores,
+            "spill_loads": loads, "shared": compiled.metadata.shared, "int64_offsets": int64, "error": None,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def verdict(r: dict) -> str:
+    """ok, or why not: a compile error, shared memory above the limit, register spills."""
+    if r["error"]:
+        return "compile error"
+    if r["limit"] is not None and r["shared"] > r["limit"]:
+        return "shared > limit"
+    return "spills" if r["spill_stores"] or r["spill_loads"] else "ok"
+
+
+def table(records: list[dict]) -> str:
+    """A markdown table, one row per record."""
+    lines = ["| arch | f | precision | dtype | warps, stages | regs | spill st/ld B | shared KB (limit) | "
+             "s | verdict |", "|" + "---|" * 10]
+    for r in sorted(records, key=lambda r: (r["arch"], r["f"], r["precision"], r["dtype"], r["num_warps"])):
+        launch = f"{r['num_warps']}, {r['num_stages']}"
+        head = f"| sm_{r['arch']} | {r['f']} | {r['precision']} | {r['dtype']} | {launch} |"
+        if r["error"]:
+            lines.append(f"{head} - | - | - | {r['seconds']} | {r['error'][:80]} |")
+            continue
+        lines.append(f"{head} {r['regs']} | {r['spill_stores']}/{r['spill_loads']} | "
+                     f"{r['shared'] / 1024:.1f} ({r['limit'] // 1024}) | {r['seconds']} | {verdict(r)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, nargs="+", default=[80, 90])
+    p.add_argument("--f", type=int, nargs="+", default=list(ttt_mlp.HEAD_SIZES))
+    p.add_argument("--precision", nargs="+", default=list(ttt_mlp.PRECISIONS))
+    p.add_argument("--warps", type=int, nargs="+", default=list(WARPS))
+    p.add_argument("--stages", type=int, default=None)
+    p.add_argument("--dtype", default="fp32", help="of XQ, XK, XV, eta, Z: fp32, bf16 or fp16")
+    p.add_argument("--launch", action="store_true", help="only the launcher's options (no --warps grid)")
+    p.add_argument("--configs", help="a JSON list of [arch, f, precision, num_warps or null] instead")
+    p.add_argument("--json", action="store_true", help="one JSON record a line instead of the table")
+    args = p.parse_args(argv)
+    if args.configs:
+        configs = [tuple(c) for c in json.loads(args.configs)]
+    else:
+        warps = [None] if args.launch else args.warps
+        configs = [(a, f, pr, w) for a in args.arch for f in args.f for pr in args.precision for w in warps]
+    records = []
+    for arch, f, precision, warps in configs:
+        r = compile_kernel(arch, f, precision, warps, args.stages, dtype=args.dtype)
+        records.append(r)
+        if args.json:
+            print(json.dumps(r), flush=True)
+    if not args.json:
+        print(table(records))
+
+
+if __name__ == "__main__":
+    main()
