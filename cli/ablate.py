@@ -125,16 +125,16 @@ def print_results(experiment, out: Path) -> None:
 
 
 def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[str] = (),
-               launcher: list[str] = ()) -> None:
+               launcher: list[str] = (), results: Path = Path("results")) -> None:
     """Every stage's runs (with the user's training `overrides`) as they will run, with their budget, FLOPs
     and estimated time: minutes on the reference CPU as measured there (engine.cost.Throughput), or
     A100-hours for GPU runs (the paper profile); a warning under each run whose budget passes over its
-    training corpus more than a few times (data/epochs.py)."""
+    training corpus more than a few times (data/epochs.py). `results`: the committed results folder whose
+    cpu/ and gpu/ registries give the measured times (results/ of the current directory, as reproduce's)."""
     from ttt_bench.data.epochs import planned_loop_warning
     from ttt_bench.experiments.engine.cost import (
         A100_BF16_FLOPS,
         ASSUMED_MFU,
-        RESULTS_GPU,
         Throughput,
         run_cost,
     )
@@ -148,8 +148,8 @@ def print_plan(experiment, profile: str, data_dir: str | None, overrides: list[s
         print("# data: the embedded synthetic corpus (no --data-dir), whatever the run names say; pass "
               "--data-dir for the real corpora (e.g. ../shared/data)")
     minutes = gpu_hours = flops = gpu_minutes = 0.0
-    measured, sources = Throughput.committed(), set()
-    measured_gpu, gpu_runs, gpu_measured = Throughput.committed(RESULTS_GPU), 0, 0
+    measured, sources = Throughput.committed(results / "cpu"), set()
+    measured_gpu, gpu_runs, gpu_measured = Throughput.committed(results / "gpu"), 0, 0
     for stage in stages:
         if len(stages) > 1:
             print(f"# {stage.folder}: {len(stage.runs)} runs")

@@ -304,6 +304,34 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     assert images["tokens"].isna().all()
 
 
+def test_reproduce_writes_the_readme_it_is_given_as_its_last_step(tmp_path, caplog):
+    """Issue 51: the README's results block is reproduce's last step, on the README its --readme names (the
+    library does not know where the repository is), and only when --out's cpu folder is the one beside it."""
+    import logging
+
+    from ttt_bench import reproduce
+    from ttt_bench.experiments.engine.report import README_BLOCK
+
+    readme, elsewhere = tmp_path / "README.md", tmp_path / "other" / "README.md"
+    elsewhere.parent.mkdir()
+    for page in (readme, elsewhere):
+        page.write_text(f"intro\n{README_BLOCK[0]}\nstale\n{README_BLOCK[1]}\n")
+    step = tmp_path / "results" / "cpu" / "table1"  # a committed step folder: its own files redraw it
+    step.mkdir(parents=True)
+    for name in ("step.json", "registry.csv", "floors.csv", "table1.md"):
+        shutil.copy(REPO_ROOT / "results" / "cpu" / "table1" / name, step / name)
+    args = ["--profile", "cpu", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "results"),
+            "--steps", "table1", "--report-only"]
+    with caplog.at_level(logging.INFO):
+        reproduce.main([*args, "--readme", str(elsewhere)])
+    assert "stale" in elsewhere.read_text() and "left as it is" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        reproduce.main([*args, "--readme", str(readme)])
+    assert caplog.records[-1].getMessage().startswith("last step: README.md's results block")
+    assert "stale" not in readme.read_text() and "- `table1`: `ttt-bench ablate table1" in readme.read_text()
+
+
 def test_readme_results_block_is_made_from_the_verdicts(tmp_path):
     """The README's results are written from claims.csv and the step files, between its markers."""
     from ttt_bench.experiments.engine.report import README_BLOCK, update_readme
@@ -406,14 +434,12 @@ def test_recall_plan_calibrates_learning_rates_then_runs_the_grid_with_seeds_and
 def test_a_run_in_use_by_another_process_is_skipped_and_left_alone(tmp_path):
     """A run folder that another process's `ttt-bench train` holds is skipped by the sweep's job, with nothing
     recorded in it (that process finishes it and records it)."""
-    from hydra import initialize_config_module
-
     from ttt_bench.training.run_folder import locked
 
     run_dir = tmp_path / "ok"
-    runner.write_run(run_dir, "ok", configuration("ok", [*TINY, "model=transformer"], "Transformer"), None,
-                     tmp_path / "progress.json")
-    with locked(run_dir), initialize_config_module("ttt_bench.conf", version_base="1.3"):
+    run = configuration("ok", [*TINY, "model=transformer"], "Transformer")
+    runner.write_run(run_dir, "ok", run, compose("train", run.overrides), None, tmp_path / "progress.json")
+    with locked(run_dir):
         runner.run_one(run_dir)
     assert not (run_dir / "metrics.json").exists() and not run_finished(run_dir)
 
@@ -492,24 +518,24 @@ def test_plans_price_gpu_runs_in_a100_hours_and_say_when_data_is_synthetic(capsy
 
 def test_gpu_plans_say_which_runs_a_lent_gpu_trained_and_how_long_they_took(tmp_path, capsys, monkeypatch):
     """The gpu profile's plan adds the measured minutes of runs a committed results/gpu registry holds (small
-    models at long context are bound by their scans: the A100-hours from FLOPs are a lower bound)."""
+    models at long context are bound by their scans: the A100-hours from FLOPs are a lower bound). The
+    results folder is the current directory's results/ (the library does not know where the repository is)."""
     from ttt_bench.cli.main import main
 
-    from ttt_bench.experiments.engine import cost
-
     run = EXPERIMENTS["scaling"].plan("gpu")["books-ttt_linear_m-s-T34816-s0"]
-    (tmp_path / "scaling").mkdir()
+    (tmp_path / "results" / "gpu" / "scaling").mkdir(parents=True)
     pd.DataFrame([{"run": run.name, "status": "finished", "model": "ttt_linear", "train_flops": 1e14,
                    "wall_time_s": 90.0, "overrides": " ".join(run.overrides)}]).to_csv(
-        tmp_path / "scaling" / "registry.csv", index=False)
-    monkeypatch.setattr(cost, "RESULTS_GPU", tmp_path)
+        tmp_path / "results" / "gpu" / "scaling" / "registry.csv", index=False)
+    monkeypatch.chdir(tmp_path)
     main(["ablate", "scaling", "--profile", "gpu", "--plan"])
     out = capsys.readouterr().out
     assert "A100-hours; 1.5 min measured on a lent GPU]" in out
     assert "# 1 of the 15 GPU runs trained before (results/gpu/*/registry.csv, RUN.md): 2 run-minutes" in out
 
 
-def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_path, capsys, shared_data):
+def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_path, capsys, shared_data,
+                                                                          monkeypatch):
     """Issue 35, point 7: a planned run that a committed registry holds (the same overrides) is priced at its
     measured time; another at its model's measured FLOP/s (its runs' FLOPs over their seconds); a model no
     registry holds at CPU_TRAIN_FLOPS. The plan's total divides the run-minutes by the launcher's jobs. Where
@@ -534,6 +560,7 @@ def test_cpu_plans_are_priced_from_the_committed_registries_measured_times(tmp_p
     assert minutes == pytest.approx(9e11 / CPU_TRAIN_FLOPS / 60) and source.startswith("at ")
 
     (tmp_path / "elsewhere").symlink_to(shared_data.resolve())  # the data where another machine has it
+    monkeypatch.chdir(REPO_ROOT)  # the plan reads the current directory's results/
     main(["ablate", "minibatch", "--profile", "cpu", "--data-dir", str(tmp_path / "elsewhere"), "--plan",
           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
     out = capsys.readouterr().out

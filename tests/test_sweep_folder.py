@@ -175,3 +175,73 @@ def test_a_sweep_killed_at_any_moment_resumes_to_the_same_registry(finished, tmp
     train_stage("table1", "smoke", Stage("t", two_runs()), out)
     cols = ["run", "status", "val_ppl", "tokens_seen", "steps"]
     assert pd.read_csv(out / "registry.csv")[cols].equals(pd.read_csv(finished / "registry.csv")[cols])
+
+
+def test_a_sweep_composes_each_runs_config_once_and_its_jobs_compose_none(tmp_path, monkeypatch):
+    """Issue 51, point 2: the planner composes each run's config once (the plan's price, the data fingerprint,
+    the floors and the job share it) and writes it beside the run's run.json; the job trains that file's
+    config and composes nothing: not through ttt_bench or hydra.compose, and Hydra's multirun composes no
+    training config for its jobs either (its own config is the launcher's, not `train`)."""
+    import hydra
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
+
+    from ttt_bench.experiments.engine import plan
+
+    plan._compose.cache_clear()  # the fixture and earlier tests composed these runs in this process
+    where = ["planner"]
+    composed, loaded, trained = [], [], {}
+    hydra_compose, load = hydra.compose, ConfigLoaderImpl.load_configuration
+    # ttt_bench.config.compose imports hydra.compose when it is called: this counts it and any job's call
+    monkeypatch.setattr(hydra, "compose", lambda config_name=None, overrides=(), **k: composed.append(
+        (where[0], config_name, tuple(overrides))) or hydra_compose(config_name, overrides, **k))
+
+    def counted(self, config_name, overrides, *a, **k):  # every composition Hydra makes, its launcher's too
+        loaded.append((where[0], config_name))
+        return load(self, config_name, overrides, *a, **k)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    run_one, train = runner.run_one, runner.train
+
+    def job(run_dir):
+        where[0] = "job"
+        try:
+            run_one(run_dir)
+        finally:
+            where[0] = "planner"
+
+    def kept(cfg, run_dir):
+        trained[run_dir.name] = cfg
+        train(cfg, run_dir)
+
+    monkeypatch.setattr(runner, "run_one", job)
+    monkeypatch.setattr(runner, "train", kept)
+    runs = planned()
+    assert set(train_stage("table1", "smoke", Stage("t", runs), tmp_path).registry["status"]) == {"finished"}
+    assert sorted(composed) == sorted(("planner", "train", tuple(r.overrides)) for r in runs.values())
+    assert [c for c in loaded if c[1] == "train"] == [("planner", "train")] * len(runs)
+    assert [c for c in loaded if c[0] == "job"] == []  # nothing composes inside a job
+    for name, run in runs.items():  # the job trained what the planner composed, from the file beside run.json
+        written = OmegaConf.load(tmp_path / name / "config.yaml")
+        assert OmegaConf.to_container(trained[name]) == OmegaConf.to_container(written)
+        assert OmegaConf.to_container(written) == OmegaConf.to_container(compose("train", run.overrides))
+        assert json.loads((tmp_path / name / "run.json").read_text())["overrides"] == run.overrides
+
+
+def test_a_job_in_another_process_trains_the_config_the_planner_wrote(tmp_path, monkeypatch):
+    """Joblib's workers (processes of their own) train each run from the config.yaml the planner wrote, not
+    from a composition of run.json's overrides: a config written with one step trains one step, while run.json
+    still records the plan's two."""
+    write_run = runner.write_run
+
+    def one_step(run_dir, name, run, cfg, *rest):
+        cfg.trainer.max_steps = 1
+        write_run(run_dir, name, run, cfg, *rest)
+
+    monkeypatch.setattr(runner, "write_run", one_step)
+    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    reg = train_stage("table1", "smoke", Stage("t", planned()), tmp_path, launcher).registry
+    assert set(reg["status"]) == {"finished"}
+    for name in ("a", "b"):
+        assert json.loads((tmp_path / name / "metrics.json").read_text())["steps"] == 1
+        assert "trainer.max_steps=2" in json.loads((tmp_path / name / "run.json").read_text())["overrides"]

@@ -7,7 +7,9 @@ Each experiment is a step (ttt_bench/experiments/, in EXPERIMENTS order) that wr
 checkpoints) go to $TTT_BENCH_RUNS/reproduce-<profile>; re-running resumes and skips finished runs.
 `--report-only` redraws every step's tables and figures from its folder and assembles the report, training
 nothing. PROFILE=paper without a GPU prints the plan and its GPU budget and stops; PROFILE=gpu (one GPU for
-minutes: the steps whose sweep defines it) refuses to train without one.
+minutes: the steps whose sweep defines it) refuses to train without one. The last step rewrites README.md's
+results block (`--readme`, default README.md in the current directory) when the cpu profile's folder is the
+results/cpu beside it, the one the README quotes.
 """
 
 import argparse
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="redraw the steps' tables and figures from their folders and assemble REPORT.md")
     p.add_argument("--no-train", action="store_true",
                    help="write the steps' folders from the runs finished so far, training nothing")
+    p.add_argument("--readme", type=Path, default=Path("README.md"),
+                   help="the README whose results block the last step rewrites (default README.md; only for "
+                        "--profile cpu with --data-dir, when --out is the results/ beside it)")
     p.add_argument("--replace", action="store_true",
                    help="runs made with other settings than the plan's (a step refuses them) are moved aside "
                         "to <sweep folder>/replaced/<time>/ and trained again; nothing is deleted")
@@ -151,9 +156,26 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     print(f"results in {write_report(out, experiments, a.profile, a.data_dir, make)}")
     if a.profile in ("cpu", "gpu") and a.data_dir:  # the committed profiles: one table of verdicts over both
         print(f"combined verdicts in {write_combined_report(a.out, experiments)}")
-    readme = Path(__file__).resolve().parents[1] / "README.md"
-    if a.profile == "cpu" and a.data_dir and out.resolve() == (readme.parent / "results" / "cpu").resolve():
-        update_readme(readme, out, experiments, make, a.profile, README_HEADLINE)
+    last_step_readme(a.readme, out, experiments, a.profile, a.data_dir, make)
+
+
+def last_step_readme(readme: Path, out: Path, experiments: list, profile: str, data_dir: str | None,
+                     make: str) -> None:
+    """The command's last step: README.md's results block, rewritten from `out`'s step files and verdicts
+    (engine/report.py's update_readme). Only the committed reproduction writes it (the cpu profile on the
+    real corpora, into the results/cpu beside the README); `--report-only` does it too."""
+    if profile != "cpu" or not data_dir:
+        return
+    if out.resolve() != (readme.parent / "results" / "cpu").resolve():
+        logging.info("last step: README.md's results block left as it is: %s is not the results/cpu "
+                     "beside %s", out, readme)
+        return
+    if not readme.is_file():
+        logging.warning("last step: README.md's results block not written: no README at %s (--readme)",
+                        readme)
+        return
+    logging.info("last step: README.md's results block (%s)", readme)
+    update_readme(readme, out, experiments, make, profile, README_HEADLINE)
 
 
 if __name__ == "__main__":

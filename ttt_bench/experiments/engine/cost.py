@@ -23,8 +23,6 @@ from .plan import identity
 # Training FLOP/s a run of a model no committed registry measured is priced at: about the median of the
 # measured runs, two at once on the 2-core reference machine (results/cpu/*/registry.csv: 9-40 GFLOP/s).
 CPU_TRAIN_FLOPS = 15e9
-RESULTS_CPU = Path(__file__).resolve().parents[3] / "results" / "cpu"
-RESULTS_GPU = RESULTS_CPU.parent / "gpu"  # the gpu profile's runs on a lent GPU (results/gpu/RUN.md)
 A100_BF16_FLOPS, ASSUMED_MFU = 312e12, 0.4
 LLAMA_VOCAB = 32000  # the paper's tokenizer (data.tokenizer.name of the paper profile)
 
@@ -88,17 +86,18 @@ def run_cost(cfg) -> Cost:
 @dataclass(frozen=True)
 class Throughput:
     """Measured training speed from a folder's committed registries: every finished run's seconds by its
-    overrides, and each model's FLOP/s (its runs' FLOPs over their seconds). results/cpu: two runs at once
-    (`JOBS=2`, one thread each) on the 2-core machine of results/cpu/RUN.md; results/gpu: the gpu profile's
-    runs on a lent GPU, several at once (results/gpu/RUN.md)."""
+    overrides, and each model's FLOP/s (its runs' FLOPs over their seconds). The caller names the folder
+    (the library does not know where the repository is): results/cpu, two runs at once (`JOBS=2`, one thread
+    each) on the 2-core machine of results/cpu/RUN.md; results/gpu, the gpu profile's runs on a lent GPU,
+    several at once (results/gpu/RUN.md). A folder that is not there measured nothing."""
 
     seconds: dict[str, float]  # a run's identity (plan.identity, space-joined) -> seconds
     rates: dict[str, float]  # model name -> FLOP/s
 
     @classmethod
-    def committed(cls, folder: Path = RESULTS_CPU) -> "Throughput":
+    def committed(cls, folder: Path) -> "Throughput":
         runs = [read_table(path, numeric=("train_flops", "wall_time_s"))
-                for path in sorted(folder.glob("*/registry.csv"))]
+                for path in sorted(Path(folder).glob("*/registry.csv"))]
         runs = [r for r in runs if {"status", "train_flops", "wall_time_s", "model", "overrides"} <= set(r)]
         if not runs:
             return cls({}, {})

@@ -3,6 +3,7 @@
     <out>/plan.json              the expanded runs: name -> Run (overrides, label, what the tables need)
     <out>/<run>/metrics.json     written by train(), or {"status": "failed", "error": ...}
     <out>/<run>/run.json         the run's overrides and the command that reproduces it
+    <out>/<run>/config.yaml      the run's config as the planner composed it: what the job trains
     <out>/<run>/hydra/           Hydra's job files and log
     <out>/registry.csv           every run's metrics and plan columns
 """

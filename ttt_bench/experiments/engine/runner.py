@@ -5,9 +5,11 @@ holds).
 Re-running a sweep skips finished runs and resumes interrupted ones (train() resumes from last.ckpt); a
 failed run is recorded and does not stop the sweep. A sweep never deletes a run: sweep_folder.py keeps one
 process and one sweep to a folder, and refuses (or, asked to, moves aside) runs made with other settings.
-Each job reads its run from the run's own run.json, written once by the planner before the launch. Runs
-with `after` (TF finetune) start once the run
-they depend on has finished. A committed registry of an earlier session counts its finished runs as done
+Each run's config is composed once, by the planner: it checks, prices and fingerprints the run with it and
+writes it beside the run's record (`<run>/config.yaml` beside `<run>/run.json`, both written before the
+launch); the job trains what that file holds and composes nothing, in this process or another (joblib's
+threads, submitit's processes). Runs with `after` (TF finetune) start once the run they depend on has
+finished. A committed registry of an earlier session counts its finished runs as done
 (`restore`): a new machine re-tabulates what it cannot retrain.
 """
 
@@ -72,9 +74,12 @@ class Progress:
         write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
                                "start": self.start, "jobs": self.jobs, "started": self.started})
 
-    def plan(self, runs: dict[str, Run], out: Path, committed: Path | None = None) -> None:
+    def plan(self, runs: dict[str, Run], out: Path, committed: Path | None = None,
+             configs: dict | None = None) -> None:
         """Price the runs of one sweep folder `out`; those finished there, or that the `committed` registry
-        will restore, are no work of this session."""
+        will restore, are no work of this session. `configs`: the runs' composed configs, run name -> config
+        (`compose_all`: a run missing there did not compose and costs nothing); without them each run left is
+        composed here (once per process: plan.composed)."""
         restored = restorable(runs, committed)
         for name, run in runs.items():
             run_dir = str(Path(out) / name)
@@ -83,7 +88,8 @@ class Progress:
                 self.flops[run_dir] = 0.0
                 continue
             try:
-                self.flops[run_dir] = float(run_cost(composed(run.overrides)).train_flops)
+                cfg = composed(run.overrides) if configs is None else configs[name]
+                self.flops[run_dir] = float(run_cost(cfg).train_flops)
             except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
                 self.flops[run_dir] = 0.0
         self.started = []
@@ -164,24 +170,30 @@ def quiet_banners() -> None:
             logger.addFilter(demote_to_debug)
 
 
-def run_one(run_dir: Path) -> None:
-    """Train the run that `run_dir/run.json` records unless it has finished; record a failure instead of
-    raising."""
-    import hydra
+CONFIG = "config.yaml"  # a run's composed config, beside its run.json (Hydra's own files are in <run>/hydra/)
 
+
+def read_config(run_dir: Path):
+    """The config the planner composed for the run (unresolved, as composed: interpolations resolve in the
+    job, as they would in a composition there), struct like a composed config (a new key needs open_dict)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(Path(run_dir) / CONFIG)
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+def run_one(run_dir: Path) -> None:
+    """Train the run that `run_dir/run.json` records, from the config the planner wrote beside it, unless it
+    has finished; record a failure instead of raising."""
     if run_finished(run_dir):
         return
     record = json.loads((run_dir / "run.json").read_text())
-    fields = {k: v for k, v in record.items() if k in Run.__dataclass_fields__}
-    name, run = record["name"], Run.from_json(fields)
+    name = record["name"]
     quiet_banners()
     Progress.load(record["progress"]).begin(run_dir)
     try:
-        try:  # composed by the planner in this process; a job in another process (SLURM) composes it
-            cfg = composed(run.overrides)
-        except ValueError:  # Hydra's global state is this multirun's: compose through it
-            cfg = hydra.compose(config_name="train", overrides=run.overrides)
-        train(cfg, run_dir)
+        train(read_config(run_dir), run_dir)
     except RunFolderInUse:  # a `ttt-bench train` of another process holds the folder
         log.info("run %s is being trained by another process; skipped here", name)
     except Interrupted as e:  # Ctrl-C / SIGTERM: the sweep stops (the run resumes from its checkpoint); not
@@ -200,8 +212,11 @@ def _job(cfg) -> None:
 
 
 def launch(out: Path, names: list[str], launcher: list[str]) -> None:
-    """One Hydra multirun over the runs `names` of the sweep folder `out`, each read from its run.json
-    (e.g. hydra/launcher=joblib)."""
+    """One Hydra multirun over the runs `names` of the sweep folder `out`, each read from its run.json and
+    config.yaml (e.g. hydra/launcher=joblib). The multirun's own config is no training config (config_name
+    None: Hydra's settings and the launcher's, +sweep_dir and +run): Hydra composes it for the multirun and
+    for each job, and a job needs only the run's folder; composing `train` there would compose every run's
+    config a second time (the defaults, unused)."""
     import hydra
 
     argv = [
@@ -212,18 +227,26 @@ def launch(out: Path, names: list[str], launcher: list[str]) -> None:
         "hydra.sweep.subdir=${run}/hydra",
         *launcher,
     ]
+    # Hydra has no supported API that runs a multirun (through the configured launcher) from a list of
+    # arguments: hydra.main's app parses sys.argv (argparse, no argument for it), and the functions it calls
+    # (hydra._internal.utils._run_hydra, Hydra.multirun) are Hydra's internals. The command line goes
+    # through sys.argv for the call, restored after it.
     saved = sys.argv
-    sys.argv = ["ttt-bench ablate", *argv]  # hydra.main reads its command line from sys.argv
+    sys.argv = ["ttt-bench ablate", *argv]
     quiet_banners()
     try:
-        hydra.main(config_path=CONFIG_MODULE, config_name="train", version_base="1.3")(_job)()
+        hydra.main(config_path=CONFIG_MODULE, config_name=None, version_base="1.3")(_job)()
     finally:
         sys.argv = saved
 
 
-def write_run(run_dir: Path, name: str, run: Run, fingerprint: str | None, progress: Path) -> None:
-    """The run's record, written by the planner (under the sweep folder's lock) for the job to read: its
-    overrides, the command that reproduces it, and the content of the data it reads."""
+def write_run(run_dir: Path, name: str, run: Run, cfg, fingerprint: str | None, progress: Path) -> None:
+    """The run's record and config, written by the planner (under the sweep folder's lock, before the launch)
+    for the job to read: `cfg`, its config as composed by the planner (config.yaml, what the job trains); its
+    overrides, the command that reproduces it, and the content of the data it reads (run.json)."""
+    from omegaconf import OmegaConf
+
+    write_atomic(Path(run_dir) / CONFIG, OmegaConf.to_yaml(cfg))
     command = "ttt-bench train " + " ".join(shlex.quote(o) for o in run.overrides)
     write_json(Path(run_dir) / "run.json", {"name": name, **run.to_json(), "command": command,
                                             "data_fingerprint": fingerprint, "progress": str(progress)})
@@ -254,9 +277,10 @@ class Trained:
 
 
 def compose_all(runs: dict[str, Run]) -> tuple[dict, dict[str, str]]:
-    """Every run's config, composed once up front, and the error of each run whose config does not compose
-    (a model config that does not exist yet, a bad override): recorded as failed instead of stopping the
-    multirun."""
+    """Every run's config, composed once up front (the one composition of a run: the plan's prices, the data
+    fingerprints, the floors and the config.yaml the job trains from), and the error of each run whose
+    config does not compose (a model config that does not exist yet, a bad override): recorded as failed
+    instead of stopping the multirun."""
     configs, errors = {}, {}
     for name, run in runs.items():
         try:
@@ -285,7 +309,7 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
                      ", ".join(moved))
         if pipeline is None:
             pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
-            pipeline.plan(runs, out, stage.committed)
+            pipeline.plan(runs, out, stage.committed, configs)
         write_plan(out, sweep, profile, runs, pipeline.path)
         for name, error in errors.items():
             if not run_finished(out / name):
@@ -305,7 +329,7 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
                         record_failure(out / n, f"the run it starts from ({run.after}) did not finish")
                     continue
                 todo.append(n)
-                write_run(out / n, n, run, fingerprints[n], pipeline.path)
+                write_run(out / n, n, run, configs[n], fingerprints[n], pipeline.path)
             log.info("sweep %s (%s): %d runs to train%s", sweep, profile, len(todo),
                      " first" * (not dependent))
             if todo and train:
