@@ -604,6 +604,32 @@ def test_the_eta_prices_what_is_left_at_this_sessions_speed_plus_each_runs_fixed
     assert "run 4/4 (b): elapsed 1.0 min, ETA 1.6 min" in caplog.text
 
 
+def test_the_eta_prices_a_step_that_trains_nothing_apart_from_the_runs(tmp_path, caplog):
+    """Issue 50, point 4: a benchmark step (latency) runs alone between sweeps. Before it runs, the ETA adds
+    its planned seconds; after it, its measured seconds are not folded into the runs' fixed cost (they had
+    made every later run look dearer: "5.6 min" with 3.0 left). The runs as in the test above: 98.75 s."""
+    import time
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    flops = {str(a): 1e12, str(b): 3e12, str(c): 1e12}
+    write_json(c / "metrics.json", {"status": "finished", "wall_time_s": 50.0})
+    write_json(a / "metrics.json", {"status": "finished", "wall_time_s": 50.0})
+
+    def eta(elapsed: float, **steps) -> str:
+        progress = Progress(tmp_path / "progress.json", flops=flops, start=time.time() - elapsed, jobs=2,
+                            started=[str(c), str(a)], **steps)
+        return progress.eta({str(a), str(c)})
+
+    # 2 workers x 60 s: 100 s trained, 20 s fixed over 2 runs; left: b, 150 s + 10 s, over 2 workers 80 s
+    assert eta(60) == "ETA 1.3 min"
+    assert eta(60, steps={"latency": 120.0}) == "ETA 3.3 min"  # + the benchmark still ahead
+    assert eta(180, steps={"latency": 120.0}, steps_done={"latency": 120.0}) == "ETA 1.3 min"
+    progress = Progress(tmp_path / "progress.json", flops=flops)
+    progress.plan_step("latency", 120.0)
+    progress.step_done("latency", 95.0)
+    assert Progress.load(tmp_path / "progress.json").steps_done == {"latency": 95.0}  # the jobs read the file
+
+
 def test_the_plan_counts_runs_a_committed_registry_will_restore_as_no_work(tmp_path):
     """A pipeline plans every step up front, before each step restores its committed runs: a run the
     committed registry holds finished with the same identity is no work of this session (the ETA of a

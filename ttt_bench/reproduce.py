@@ -15,6 +15,7 @@ results/cpu beside it, the one the README quotes.
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -147,11 +148,17 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         progress = Progress(runs / "progress.json", jobs=a.jobs)
         for _, stage in planned_runs(a.profile, a.data_dir, chosen, out):
             progress.plan(stage.runs, (runs / stage.folder).resolve(), stage.committed)
+        alone = [name for name in chosen if not EXPERIMENTS[name].trains]  # a benchmark: priced apart
+        for name in alone:
+            progress.plan_step(name, EXPERIMENTS[name].expected_seconds(a.profile, out / name))
         ctx = StepContext(a.profile, a.data_dir, out, runs.resolve(), not a.no_train, progress,
                           ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.jobs}"] if a.jobs > 1 else [],
                           a.replace)
         for name in chosen:
+            start = time.time()
             EXPERIMENTS[name].run_step(ctx)
+            if name in alone:
+                progress.step_done(name, time.time() - start)
             write_report(out, experiments, a.profile, a.data_dir, make)  # after every step: committable
     print(f"results in {write_report(out, experiments, a.profile, a.data_dir, make)}")
     if a.profile in ("cpu", "gpu") and a.data_dir:  # the committed profiles: one table of verdicts over both

@@ -60,6 +60,7 @@ def context(results, role: str, n_bytes: int) -> tuple[str, float | None]:
 class Units(Experiment):
     name = "units"
     trains = False
+    seconds = {"cpu": 128.0}  # two 32k BPEs on the 2-core CPU (results/cpu/units/step.json); synthetic: none
     section = Section(
         "Per-byte units: the paper's effects in bytes",
         "The paper's perplexities are per Llama token (32k vocabulary). A 32k byte-level BPE trained on each "

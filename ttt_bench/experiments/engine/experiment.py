@@ -53,6 +53,7 @@ class Experiment:
     paper: str = "TTT"  # the paper it reproduces: TTT (2024) or MTTT (2023); the report orders by it
     measures: str = "quality"  # quality | speed: the report puts speed after quality, per paper
     trains: bool = True  # has a sweep of training runs (conf/sweep/<name>.yaml)
+    seconds: dict[str, float] = {}  # a step that trains nothing: its wall time per profile on the 2-core CPU
     definition: dict | None = None  # the sweep definition, when not conf/sweep/<name>.yaml (tests)
 
     # ---- the sweep ----
@@ -63,6 +64,15 @@ class Experiment:
 
     def seeds(self, profile: str) -> int:
         return int(self.sweep["profiles"][profile].get("seeds", 1))
+
+    def expected_seconds(self, profile: str, folder: Path) -> float:
+        """What a step that trains nothing will take (the pipeline's ETA prices it): the wall time its
+        folder's step.json recorded last, else `seconds` of the profile (0: unknown)."""
+        last = folder / "step.json"
+        try:
+            return float(pd.read_json(last, typ="series")["wall_time_s"])
+        except (OSError, ValueError, KeyError):
+            return float(self.seconds.get(profile, 0.0))
 
     def parts(self, profile: str) -> int:
         """How many parts the step trains in (its profile's `parts`, default 1). Its folder is written after

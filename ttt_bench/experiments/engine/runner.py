@@ -59,20 +59,36 @@ class Progress:
     which holds each run's start-up and evaluation and the pipeline's other phases (n-gram floors, tables,
     figures, benchmarks). Training seconds alone made the quick profile's ETA 30-45% short at the halfway
     point. A run another process is training counts with the share of its steps it has logged; runs
-    finished before the plan or restored from a committed registry took no time here and measure nothing."""
+    finished before the plan or restored from a committed registry took no time here and measure nothing.
+    A step that trains nothing (latency's benchmark, which runs alone) is priced apart (`plan_step`: its
+    last wall time, or the experiment's estimate) and its measured time (`step_done`) is kept out of the
+    fixed cost: folded into it, a 2-minute benchmark had made every later run look 2 minutes dearer."""
 
     def __init__(self, path: Path, flops: dict | None = None, finished_before: list | None = None,
-                 start: float | None = None, jobs: int = 1, started: list | None = None):
+                 start: float | None = None, jobs: int = 1, started: list | None = None,
+                 steps: dict | None = None, steps_done: dict | None = None):
         self.path = Path(path)
         self.flops: dict[str, float] = flops or {}  # run folder -> planned training FLOPs (0: unknown)
         self.finished_before = set(finished_before or ())  # finished when planned: not this session's work
         self.start = start or time.time()
         self.jobs = max(int(jobs), 1)  # runs trained at once
         self.started: list[str] = list(started or ())  # run folders begun since the plan, in order
+        self.steps: dict[str, float] = dict(steps or {})  # a step that trains nothing -> its planned seconds
+        self.steps_done: dict[str, float] = dict(steps_done or {})  # -> the seconds it took
 
     def _save(self) -> None:
         write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
-                               "start": self.start, "jobs": self.jobs, "started": self.started})
+                               "start": self.start, "jobs": self.jobs, "started": self.started,
+                               "steps": self.steps, "steps_done": self.steps_done})
+
+    def plan_step(self, name: str, seconds: float) -> None:
+        """A step of the pipeline that trains nothing and runs alone, priced at `seconds` of wall time."""
+        self.steps[name] = float(seconds)
+        self._save()
+
+    def step_done(self, name: str, seconds: float) -> None:
+        self.steps_done[name] = float(seconds)
+        self._save()
 
     def plan(self, runs: dict[str, Run], out: Path, committed: Path | None = None,
              configs: dict | None = None) -> None:
@@ -123,18 +139,19 @@ class Progress:
         running = {d: fraction_trained(d) for d in self.flops
                    if d not in done and Path(d).is_dir() and in_use(d)}
         todo = [d for d in self.flops if d not in done]
-        elapsed = time.time() - self.start
+        steps_left = sum(s for name, s in self.steps.items() if name not in self.steps_done)
+        elapsed = time.time() - self.start - sum(self.steps_done.values())  # time spent on runs
         trained_s = sum(float(m.get("wall_time_s") or 0.0) for m in mine.values())
         if not mine:
             return "ETA after a run"
         if trained_s <= 0 or any(self.flops[d] <= 0 for d in todo):  # no FLOP estimate: a run's mean time
-            return f"ETA {_minutes(elapsed / len(mine) * len(todo))} (by run count)"
+            return f"ETA {_minutes(elapsed / len(mine) * len(todo) + steps_left)} (by run count)"
         rate = sum(self.flops[d] for d in mine) / trained_s  # FLOP/s of one worker
         partly_s = sum(self.flops[d] * f for d, f in running.items()) / rate
         fixed = max(elapsed * self.jobs - trained_s - partly_s, 0.0) / (len(mine) + len(running))
         left = sum(self.flops[d] * (1 - running.get(d, 0.0)) / rate + (0.0 if d in running else fixed)
                    for d in todo)
-        return f"ETA {_minutes(left / self.jobs)}"
+        return f"ETA {_minutes(left / self.jobs + steps_left)}"
 
     def begin(self, run_dir: Path) -> None:
         run_dir, done = str(run_dir), {d for d in self.flops if run_finished(d)}
