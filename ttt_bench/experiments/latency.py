@@ -137,7 +137,7 @@ class Latency(Experiment):
     name = "latency"
     measures = "speed"
     trains = False
-    seconds = {"quick": 60.0, "cpu": 140.0}  # the benchmark's wall time on 2 CPU cores (results/cpu/RUN.md)
+    seconds = {"quick": 42.0, "cpu": 140.0}  # the benchmark on 2 CPU cores (results/speed/eta, cpu/RUN.md)
     section = Section(
         "Figures 3/15: latency",
         "Forward latency per token grows with context for the Transformer and stays flat for TTT-Linear "
