@@ -129,6 +129,19 @@ def compile_kernel(kernel: str, arch: int, f: int, precision: str = "ieee", b: i
              if signature[a].startswith("*") or a in aligned}
     record = {"kernel": kernel, "arch": arch, "f": f, "precision": precision if kernel != "decode" else "-",
               "b": b, **launch, "default": launch == default, "limit": SHARED_LIMIT.get(arch)}
+    report = ptxas_report(fn, signature, constexprs, attrs, arch, launch)
+    if report["error"] is None:
+        blocks = blocks_per_sm(arch, report["regs"], launch["num_warps"], report["shared"])
+        report.update(blocks_per_sm=blocks,
+                      waves_1_3b=-(-PROGRAMS_1_3B // (blocks * SMS[arch])) if blocks else None)
+    return {**record, **report}
+
+
+def ptxas_report(fn, signature: dict, constexprs: dict, attrs: dict, arch: int, launch: dict) -> dict:
+    """Compile the @jit function `fn` for sm_{arch} with `launch` (num_warps, num_stages) and read what the
+    GPU compiler says: registers per thread, spill bytes (stores, loads) and stack frame per thread (ptxas),
+    shared memory per program, whether the program id is widened to int64 before the address arithmetic,
+    compile seconds; or `error`, the compiler's message, where it did not compile."""
     log = io.StringIO()
     start = time.perf_counter()
     try:
@@ -143,22 +156,19 @@ def compile_kernel(kernel: str, arch: int, f: int, precision: str = "ieee", b: i
         while cause is not None and (cause.__cause__ or cause.__context__) is not None:
             cause = cause.__cause__ or cause.__context__
         detail = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if cause else (lines or [""])[-1]
-        error = f"{type(e).__name__}: {detail}"[:400]
-        return {**record, "error": error, "seconds": round(time.perf_counter() - start, 2)}
+        return {"error": f"{type(e).__name__}: {detail}"[:400],
+                "seconds": round(time.perf_counter() - start, 2)}
     text = log.getvalue()
     spill, regs = _PTXAS.search(text), _REGS.search(text)
     if not (spill and regs):
-        raise RuntimeError(f"no ptxas report for {kernel} sm_{arch} f={f}: {text[-500:]!r}")
+        raise RuntimeError(f"no ptxas report for {fn.__name__} sm_{arch}: {text[-500:]!r}")
     stack, stores, loads = (int(g) for g in spill.groups())
     # int64 offsets: the program id (sequence x head) widened before any address arithmetic multiplies it
     pid = re.search(r"(%\w+) = tt.get_program_id x : i32", compiled.asm["ttir"])
     int64 = bool(pid) and f"arith.extsi {pid.group(1)} : i32 to i64" in compiled.asm["ttir"]
-    shared = compiled.metadata.shared
-    blocks = blocks_per_sm(arch, int(regs.group(1)), launch["num_warps"], shared)
-    return {**record, "regs": int(regs.group(1)), "stack": stack, "spill_stores": stores,
-            "spill_loads": loads, "shared": shared, "blocks_per_sm": blocks,
-            "waves_1_3b": -(-PROGRAMS_1_3B // (blocks * SMS[arch])) if blocks else None,
-            "int64_offsets": int64, "error": None, "seconds": round(time.perf_counter() - start, 2)}
+    return {"regs": int(regs.group(1)), "stack": stack, "spill_stores": stores, "spill_loads": loads,
+            "shared": compiled.metadata.shared, "int64_offsets": int64, "error": None,
+            "seconds": round(time.perf_counter() - start, 2)}
 
 
 def default_grid(archs=(80, 90), head_sizes=HEAD_SIZES, precisions=ttt_linear.PRECISIONS,

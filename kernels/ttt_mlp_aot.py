@@ -1,35 +1,24 @@
 """Ahead-of-time compile of the TTT-MLP dual-form kernel (kernels/ttt_mlp.py) for CUDA targets, without a GPU.
 
-As kernels/aot.py does for the TTT-Linear kernels: `triton.compile` of an `ASTSource` for
-`GPUTarget("cuda", arch, 32)` runs the whole GPU pipeline down to ptxas (shipped with Triton), which reports
-the registers per thread and the bytes spilled to local memory; `metadata.shared` is the shared memory a
-program needs, against the target's per-block limit. tests/test_kernel_ttt_mlp.py runs it in a subprocess
-(not under TRITON_INTERPRET=1, where no @jit function can be compiled):
+With kernels/aot.py's compile and report (`ptxas_report`: registers per thread, spills, shared memory
+against the target's per-block limit), for the TTT-MLP kernel's own signature and grid.
+tests/test_kernel_ttt_mlp.py runs it in a subprocess (not under TRITON_INTERPRET=1, where no @jit function
+can be compiled):
 
     python -m ttt_bench.kernels.ttt_mlp_aot                     # f 16 32 64 x warps 4 8 16 x precisions
     python -m ttt_bench.kernels.ttt_mlp_aot --launch            # the launcher's options only
 """
 
 import argparse
-import contextlib
-import io
 import json
-import re
-import time
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 from . import ttt_mlp
+from .aot import SHARED_LIMIT, ptxas_report, verdict
 
-# shared memory a block may use (bytes; cudaDevAttrMaxSharedMemoryPerBlockOptin): A100 (sm_80) 163 KB,
-# H100 (sm_90) 227 KB
-SHARED_LIMIT = {80: 166912, 90: 232448}
 WARPS = (4, 8, 16)
 _INTS = ("N", "H")  # the kernel's integer arguments; every other non-constexpr one is a pointer
-_PTXAS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_REGS = re.compile(r"Used (\d+) registers")
 
 
 def compile_kernel(arch: int, f: int, precision: str = "tf32", num_warps: int | None = None,
@@ -56,40 +45,7 @@ def compile_kernel(arch: int, f: int, precision: str = "tf32", num_warps: int | 
              if signature[a].startswith("*")}
     record = {"kernel": "ttt_mlp_forward", "arch": arch, "f": f, "precision": precision, "dtype": dtype,
               "b": b, **launch, "limit": SHARED_LIMIT.get(arch)}
-    log = io.StringIO()
-    start = time.perf_counter()
-    try:
-        with triton.knobs.nvidia.scope(), triton.knobs.compilation.scope(), contextlib.redirect_stdout(log):
-            triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report, printed: registers and spills
-            triton.knobs.compilation.always_compile = True  # a cache hit would skip ptxas and its report
-            source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=launch)
-    except Exception as e:  # noqa: BLE001  (a compile error is the record's verdict)
-        cause = e
-        while (cause.__cause__ or cause.__context__) is not None:
-            cause = cause.__cause__ or cause.__context__
-        first = (str(cause).strip().splitlines() or [""])[0]
-        return {**record, "error": f"{type(e).__name__}: {type(cause).__name__}: {first}"[:400],
-                "seconds": round(time.perf_counter() - start, 2)}
-    text = log.getvalue()
-    spill, regs = _PTXAS.search(text), _REGS.search(text)
-    if not (spill and regs):
-        raise RuntimeError(f"no ptxas report for sm_{arch} f={f}: {text[-500:]!r}")
-    stack, stores, loads = (int(g) for g in spill.groups())
-    pid = re.search(r"(%\w+) = tt.get_program_id x : i32", compiled.asm["ttir"])
-    int64 = bool(pid) and f"arith.extsi {pid.group(1)} : i32 to i64" in compiled.asm["ttir"]
-    return {**record, "regs": int(regs.group(1)), "stack": stack, "spill_stores": stores,
-            "spill_loads": loads, "shared": compiled.metadata.shared, "int64_offsets": int64, "error": None,
-            "seconds": round(time.perf_counter() - start, 2)}
-
-
-def verdict(r: dict) -> str:
-    """ok, or why not: a compile error, shared memory above the limit, register spills."""
-    if r["error"]:
-        return "compile error"
-    if r["limit"] is not None and r["shared"] > r["limit"]:
-        return "shared > limit"
-    return "spills" if r["spill_stores"] or r["spill_loads"] else "ok"
+    return {**record, **ptxas_report(fn, signature, constexprs, attrs, arch, launch)}
 
 
 def table(records: list[dict]) -> str:
