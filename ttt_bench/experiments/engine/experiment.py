@@ -22,7 +22,7 @@ import pandas as pd
 from ...errors import UserError
 from .plan import Run, check_profile, expand, load_sweep, merge
 from .registry import load_csv
-from .report import Step, StepContext
+from .report import Step, StepContext, last_wall_time
 from .runner import Progress, Stage, Trained, train_stage
 from .verdicts import Claim
 
@@ -68,11 +68,8 @@ class Experiment:
     def expected_seconds(self, profile: str, folder: Path) -> float:
         """What a step that trains nothing will take (the pipeline's ETA prices it): the wall time its
         folder's step.json recorded last, else `seconds` of the profile (0: unknown)."""
-        last = folder / "step.json"
-        try:
-            return float(pd.read_json(last, typ="series")["wall_time_s"])
-        except (OSError, ValueError, KeyError):
-            return float(self.seconds.get(profile, 0.0))
+        last = last_wall_time(folder)
+        return last if last is not None else float(self.seconds.get(profile, 0.0))
 
     def parts(self, profile: str) -> int:
         """How many parts the step trains in (its profile's `parts`, default 1). Its folder is written after

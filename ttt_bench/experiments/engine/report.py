@@ -31,6 +31,14 @@ log = logging.getLogger("ttt_bench.experiments")
 README_BLOCK = ("<!-- results:begin -->", "<!-- results:end -->")
 
 
+def last_wall_time(folder: Path) -> float | None:
+    """The seconds a step took when its folder was last written (its step.json), None where unknown."""
+    try:
+        return float(json.loads((Path(folder) / "step.json").read_text())["wall_time_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class Step:
     """One experiment's step folder: what it measured and how (`step.json`), written when the step ends."""
 
@@ -38,11 +46,8 @@ class Step:
         self.dir, self.name, self.command, self.start = Path(out) / name, name, command, time.perf_counter()
         self.trains = trains  # False: tabulated (--no-train) from runs trained by other processes
         self.dir.mkdir(parents=True, exist_ok=True)
-        try:  # the step's own estimate: how long it took when its folder was last written
-            last = json.loads((self.dir / "step.json").read_text())["wall_time_s"] / 60
-            estimate = f" (it took {last:.1f} min when {self.dir} was last written)"
-        except (OSError, ValueError, KeyError, TypeError):
-            estimate = ""
+        last = last_wall_time(self.dir)  # the step's own estimate
+        estimate = "" if last is None else f" (it took {last / 60:.1f} min when {self.dir} was last written)"
         log.info("step %s: started%s", name, estimate)
 
     def csv(self, name: str, df: pd.DataFrame) -> None:
