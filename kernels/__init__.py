@@ -1,5 +1,6 @@
 """Triton kernels for TTT-Linear (docs/speed.md): the dual-form chunk kernel (forward and backward, behind a
-torch.autograd.Function) and the single-token decode kernel (forward only).
+torch.autograd.Function), the prefill kernel (a whole sequence, forward only, token-major 16-bit inputs) and
+the single-token decode kernel (forward only).
 
 A leaf: torch and Triton only, nothing of ttt_bench. What compares the kernels with the PyTorch layer, selects
 them (`use_triton`) or gives the decode kernel a backward (PyTorch recomputation) lives beside the TTT layer:
@@ -18,13 +19,16 @@ try:
     from .ttt_linear import supported as dual_supported
     from .ttt_linear import ttt_linear_dual
     from .ttt_linear import why_not as dual_why_not
+    from .ttt_linear_prefill import default_precision as prefill_precision
+    from .ttt_linear_prefill import ttt_linear_prefill as prefill  # the module keeps its name
+    from .ttt_linear_prefill import why_not as prefill_why_not
 
     HAS_TRITON = True
 except ImportError:  # triton not installed
     HAS_TRITON = False
-    ttt_linear_dual = decode_step = None
+    ttt_linear_dual = decode_step = prefill = prefill_precision = None
     dual_supported = decode_supported = lambda *args: False
-    dual_why_not = decode_why_not = lambda *args: "Triton is not installed"
+    dual_why_not = decode_why_not = prefill_why_not = lambda *args: "Triton is not installed"
 
-__all__ = ["HAS_TRITON", "ttt_linear_dual", "decode_step", "dual_supported", "decode_supported",
-           "dual_why_not", "decode_why_not"]
+__all__ = ["HAS_TRITON", "ttt_linear_dual", "prefill", "decode_step", "dual_supported",
+           "decode_supported", "dual_why_not", "prefill_why_not", "decode_why_not", "prefill_precision"]

@@ -37,31 +37,12 @@ import torch
 
 from . import ttt_linear
 from . import ttt_linear_prefill as P
+from .interpreter import emulate_bf16_dot
 
 # model: (heads, head size, layers)
 MODELS = {"125m": (12, 64, 12), "1.3b": (32, 64, 24)}
 BATCH, CONTEXTS, MINI_BATCH = 16, (2048, 8192), 16
 CHECK_TOL = {"bf16": 1.5e-2, "fp16": 1e-2, "tf32": 1e-2, "ieee": 1e-5}
-
-
-def interpreter_bf16_dot(create_dot):
-    """Triton's CPU interpreter keeps bfloat16 as uint16 and its tl.dot (InterpreterBuilder.create_dot)
-    multiplies that storage as integers: this wraps create_dot to widen bf16 operands to float32 first,
-    exactly, as the tensor cores multiply bf16 exactly and accumulate in float32 (--dry on CPU and
-    tests/test_kernel_prefill.py install it)."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    def widen(x):
-        if x.get_element_ty() == tl.bfloat16 and x.data.dtype == np.uint16:
-            return interpreter.TensorHandle((x.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
-        return x
-
-    def dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return create_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
-
-    return dot
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -251,9 +232,7 @@ def main(argv=None) -> int:
     if device == "cpu" and not args.dry:
         p.error("no CUDA GPU: only --dry runs here (under TRITON_INTERPRET=1)")
     if device == "cpu":
-        from triton.runtime.interpreter import InterpreterBuilder
-
-        InterpreterBuilder.create_dot = interpreter_bf16_dot(InterpreterBuilder.create_dot)
+        emulate_bf16_dot()
     if args.dry:  # one tiny shape in place of the models: heads 2 of 16, contexts of 2 and 3 mini-batches
         MODELS["dry"] = (2, 16, 2)
         args.models, args.contexts, args.batch, args.check_f = ["dry"], [32, 48], 1, [16]

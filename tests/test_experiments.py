@@ -15,8 +15,9 @@ from ttt_bench.errors import UserError
 from ttt_bench.experiments import EXPERIMENTS, sweeps
 from ttt_bench.experiments.engine import runner
 from ttt_bench.experiments.engine.plan import configuration
+from ttt_bench.experiments.engine.progress import Progress
 from ttt_bench.experiments.engine.registry import run_finished, write_registry
-from ttt_bench.experiments.engine.runner import Progress, Stage, train_stage
+from ttt_bench.experiments.engine.runner import Stage, train_stage
 from ttt_bench.experiments.minibatch import time_w_and_z
 from ttt_bench.experiments.recall import best_lrs
 from ttt_bench.experiments.scaling import lower_hull_index
@@ -268,7 +269,7 @@ def test_paper_profile_is_the_papers_setting_and_its_plan_is_costed_from_the_com
     trained = []
     monkeypatch.setattr(reproduce.torch.cuda, "is_available", lambda: True)
     root = (tmp_path / "runs").resolve()
-    monkeypatch.setattr(Progress, "plan", lambda self, runs, out, committed=None: trained.extend(
+    monkeypatch.setattr(Progress, "plan", lambda self, runs, out, committed=None, *a: trained.extend(
         (str(out.relative_to(root)), name, run.overrides) for name, run in runs.items()))
     for e in EXPERIMENTS.values():
         monkeypatch.setattr(e, "run_step", lambda ctx: None)
@@ -630,6 +631,48 @@ def test_the_eta_prices_a_step_that_trains_nothing_apart_from_the_runs(tmp_path,
     assert Progress.load(tmp_path / "progress.json").steps_done == {"latency": 95.0}  # the jobs read the file
 
 
+def test_the_eta_prices_steps_by_a_reference_session_scaled_by_this_machines_speed(tmp_path):
+    """Issue 50, point 4: a reference session of the same steps (results/speed/eta/quick-synthetic, with
+    priors.json) prices each step ahead at its wall time and the step under way at the larger of its time
+    left and its runs' seconds left, scaled by this session's finished runs over their reference seconds.
+    Another JOBS, or a run or step the reference lacks, falls back to the FLOP model."""
+    import time
+
+    from ttt_bench.experiments.engine.progress import Priors
+
+    ref = tmp_path / "ref"
+    for step, wall in (("s1", 100.0), ("s2", 30.0)):
+        write_json(ref / step / "step.json", {"wall_time_s": wall})
+    run = configuration("a", [*TINY, "model=transformer"], "Transformer")
+    pd.DataFrame([{"run": "a", "status": "finished", "train_flops": 1e12, "wall_time_s": 20.0,
+                   "model": "transformer", "overrides": " ".join(run.overrides)}]
+                 ).to_csv(ref / "s1" / "registry.csv", index=False)
+    assert Priors.load(ref) is None  # no priors.json: not a reference session
+    write_json(ref / "priors.json", {"jobs": 2})
+    priors = Priors.load(ref)
+    assert priors.walls == {"s1": 100.0, "s2": 30.0} and priors.runs.measured(run.overrides) == 20.0
+
+    c = str(tmp_path / "out" / "c")
+    write_json(Path(c) / "metrics.json", {"status": "finished", "wall_time_s": 50.0})
+    progress = Progress(tmp_path / "progress.json", jobs=2)
+    configs = {"a": compose("train", run.overrides)}
+    progress.plan({"a": run}, tmp_path / "out", step="s1", priors=priors, configs=configs)
+    for step in ("s1", "s2"):
+        progress.plan_step(step, priors=priors)
+    progress.flops[c], progress.work[c], progress.step_of[c] = 1e12, 25.0, "s1"  # took 2x its reference
+    progress.began["s1"] = time.time() - 10
+    # s1: max(100 x 2 - 10, 20 x 2 / 2 workers) = 190 s; s2 ahead: 30 x 2 = 60 s
+    assert progress.eta({c}) == "ETA 4.2 min"
+    progress.steps_done["s1"] = 200.0
+    assert progress.eta({c}) == "ETA 1.0 min"  # a run of an ended step (failed there) is not work ahead
+
+    other = Progress(tmp_path / "other.json", jobs=1)  # the reference trained 2 at once: no priors
+    other.plan({"a": run}, tmp_path / "out", step="s1", priors=priors, configs=configs)
+    other.plan_step("s1", priors=priors)
+    other.flops[c] = 1e12
+    assert other.walls == {"s1": None} and "min" in other.eta({c})
+
+
 def test_the_plan_counts_runs_a_committed_registry_will_restore_as_no_work(tmp_path):
     """A pipeline plans every step up front, before each step restores its committed runs: a run the
     committed registry holds finished with the same identity is no work of this session (the ETA of a
@@ -672,7 +715,7 @@ def test_a_step_the_profile_leaves_out_runs_only_when_named(tmp_path, monkeypatc
     ran = []
     for e in EXPERIMENTS.values():
         monkeypatch.setattr(e, "run_step", lambda ctx, name=e.name: ran.append(name))
-    monkeypatch.setattr(Progress, "plan", lambda self, runs, out, committed=None: None)
+    monkeypatch.setattr(Progress, "plan", lambda self, runs, out, committed=None, *a: None)
     monkeypatch.setattr(reproduce, "write_report", lambda *a: tmp_path / "REPORT.md")
     left_out = [n for n, e in EXPERIMENTS.items() if e.left_out("cpu")]
     assert {"longrange", "mttt_pixels"} <= set(left_out)

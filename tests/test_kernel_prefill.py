@@ -2,7 +2,7 @@
 
 On CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported), which
 rounds every `.to(bfloat16)` as the GPU does: the bf16 matmul operands are emulated (its tl.dot multiplies
-bf16 operands as their uint16 storage: `_interpreter_bf16_dot` widens them first), tf32 is not (it runs as
+bf16 operands as their uint16 storage: kernels/interpreter.py widens them first), tf32 is not (it runs as
 exact float32 there), so float32 inputs are checked with exact float32 operands ("ieee"). On CUDA the same
 tests run natively. Whether the kernel compiles for a GPU, its registers and spills, is
 tests/test_kernels_aot.py's; its speed is scripts/gpu_speed.sh's.
@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
 from ttt_bench.kernels import prefill_speed  # noqa: E402
-from ttt_bench.kernels.prefill_speed import interpreter_bf16_dot  # noqa: E402
+from ttt_bench.kernels.interpreter import bf16_dot  # noqa: E402
 from ttt_bench.kernels.ttt_linear_prefill import (  # noqa: E402
     default_precision,
     launch_options,
@@ -29,8 +29,9 @@ from ttt_bench.kernels.ttt_linear_prefill import (  # noqa: E402
 )
 
 from tests.conftest import rel_err  # noqa: E402
+from ttt_bench import kernels  # noqa: E402
 from ttt_bench.models.ttt import dual_scan, forms  # noqa: E402
-from ttt_bench.models.ttt.layer import TTTLayer  # noqa: E402
+from ttt_bench.models.ttt.layer import TTTCache, TTTLayer  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -38,10 +39,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(autouse=True)
 def _interpreter_bf16_dot(monkeypatch):
     """Under Triton's interpreter, tl.dot with bf16 operands multiplies their uint16 storage: widen them to
-    float32 first (exact; prefill_speed.interpreter_bf16_dot)."""
+    float32 first (exact; kernels/interpreter.py)."""
     if DEVICE == "cpu":
         builder = pytest.importorskip("triton.runtime.interpreter").InterpreterBuilder
-        monkeypatch.setattr(builder, "create_dot", interpreter_bf16_dot(builder.create_dot))
+        monkeypatch.setattr(builder, "create_dot", bf16_dot(builder.create_dot))
 
 
 B, H, b = 2, 2, 16
@@ -197,3 +198,36 @@ def test_gpu_speed_script_runs(tmp_path):
     variants = [r["variant"] for r in speed]
     assert variants.count("old_kernel") == variants.count("old_path") == 2 and variants.count("new") == 6
     assert all(float(r["ms_median"]) > 0 for r in speed)
+
+
+def test_the_layer_prefills_in_the_kernel_when_no_gradient_is_recorded(monkeypatch):
+    """TTTLayer (kernel=triton) runs its forward in the prefill kernel under no_grad, on the projections'
+    token-major output: the same output as the PyTorch path (kernel=torch); with a cache, the complete
+    mini-batches there and a short last one in PyTorch with its gradient sums, so that decoding goes on as
+    after the PyTorch prefill. With gradients recorded (training) the kernel is not taken."""
+    monkeypatch.setenv("TTT_BENCH_KERNEL_PRECISION", "ieee")  # float32 inputs: exact float32 matmuls
+    calls = []
+    real = kernels.prefill
+    monkeypatch.setattr(kernels, "prefill", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    f, T = 16, 40
+    make = lambda kernel: TTTLayer(H * f, H, learner="linear", mini_batch_size=b, form="dual",
+                                   ln_residual=True, token_scaling="learnable", kernel=kernel)
+    torch.manual_seed(0)
+    ours, ref = make("triton"), make("torch")
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(B, T, H * f)
+    with torch.no_grad():
+        assert rel_err(ours(x), ref(x)) < 1e-5 and calls == [(B, T, H, f)]  # a short last mini-batch too
+        caches = [TTTCache(), TTTCache()]
+        outs = [layer(x, cache) for layer, cache in zip((ours, ref), caches, strict=True)]
+        assert calls[-1] == (B, 32, H, f) and rel_err(outs[0], outs[1]) < 1e-5
+        for t in range(3):  # decoding goes on from the caches: the 8 tokens' gradient sums carried
+            step = torch.randn(B, 1, H * f)
+            outs = [layer(step, cache) for layer, cache in zip((ours, ref), caches, strict=True)]
+            assert rel_err(outs[0], outs[1]) < 1e-5, t
+    calls.clear()
+    ours(x).sum().backward()  # training: the dual-form kernel, with its backward
+    assert calls == [] and ours.W1.grad is not None

@@ -205,6 +205,46 @@ def test_a_run_folder_is_locked_and_tied_to_its_data(tmp_path, capsys):
     assert (folder / "metrics.json").read_text() == metrics
 
 
+def test_a_probe_of_a_run_folder_never_makes_its_trainer_skip_it(tmp_path):
+    """The default `make reproduce` at 605c787 left mttt_patches/linear_attention_identity-s0 pending: one
+    joblib thread's ETA probed the run folders (`in_use`) the instant its sibling thread locked one, and the
+    sibling skipped its run as "being trained by another process". A probe holds the lock for an instant and
+    records nothing; a trainer waits out such an instant (run_folder.GRACE_S), refused only by a holder."""
+    import fcntl
+    import threading
+    import time
+
+    from ttt_bench.training.run_folder import RunFolderInUse, in_use
+
+    folder = tmp_path / "run"
+    assert not in_use(folder) and not folder.exists()  # a probe creates nothing
+    with locked(folder):
+        assert in_use(folder)  # another open file of the same process is another holder (flock)
+        assert (folder / ".lock").read_text() == f"process {os.getpid()}\n"  # the probe did not overwrite it
+    assert not in_use(folder)
+
+    def probe_for(seconds: float) -> None:
+        with open(folder / ".lock") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            held.set()
+            time.sleep(seconds)
+
+    held = threading.Event()
+    thread = threading.Thread(target=probe_for, args=(0.2,))
+    thread.start()
+    held.wait()
+    with locked(folder):  # waits out the probe's instant
+        pass
+    thread.join()
+    held.clear()
+    thread = threading.Thread(target=probe_for, args=(1.5,))  # a holder: longer than the grace
+    thread.start()
+    held.wait()
+    with pytest.raises(RunFolderInUse), locked(folder):
+        pass
+    thread.join()
+
+
 @pytest.fixture
 def nan_loss_at_step_2(monkeypatch):
     """The training loss of optimizer step 2 (both micro-batches) becomes NaN."""

@@ -232,8 +232,8 @@ def kernel_rows(device, dry: bool) -> list[dict]:
     rows = []
     for f in HEAD_SIZES:
         for case in kernel_check.kernel_cases(device, f, seed=f):
-            name, precision, kernel, reference, inputs, seed, tol = case
-            kernel_name = name if name == "decode" else f"dual/{precision}"  # "dual" is kernel_check's ieee
+            name, precision, tol = case.name, case.precision, case.tolerance
+            kernel_name = name if "/" in name or name == "decode" else f"dual/{precision}"  # "dual": ieee
             row = dict(kernel=kernel_name, precision=precision, head_size=f, device=str(device),
                        interpreter=os.environ.get("TRITON_INTERPRET") == "1", tolerance=tol)
             dual = kernel_check._inputs(device, f=f)  # the dual form's domain decides for both kernels
@@ -242,7 +242,8 @@ def kernel_rows(device, dry: bool) -> list[dict]:
                 continue
             try:
                 with torch.autocast(torch.device(device).type, enabled=False), torch.enable_grad():
-                    errs = kernel_check.kernel_errors(kernel, double(reference), inputs, seed)
+                    errs = kernel_check.kernel_errors(case.kernel, double(case.reference), case.inputs,
+                                                      case.seed, case.backward)
             except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed row)
                 lines = str(e).strip().splitlines()
                 failure = f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]

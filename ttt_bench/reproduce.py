@@ -27,8 +27,9 @@ from .experiments import EXPERIMENTS, steps
 from .experiments.engine.combined import write_combined_report
 from .experiments.engine.cost import ASSUMED_MFU, run_cost
 from .experiments.engine.plan import PROFILES, composed
+from .experiments.engine.progress import Priors, Progress
 from .experiments.engine.report import StepContext, update_readme, write_report
-from .experiments.engine.runner import Progress, Stage
+from .experiments.engine.runner import Stage
 
 README_HEADLINE = ("table1", "table1.md",
                    "Table 1 (pile-mini, context {context} bytes, size `xs`; perplexity per byte, mean +- std "
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--readme", type=Path, default=Path("README.md"),
                    help="the README whose results block the last step rewrites (default README.md; only for "
                         "--profile cpu with --data-dir, when --out is the results/ beside it)")
+    p.add_argument("--priors", type=Path,
+                   help="a reference session's results folder (with priors.json) whose steps' wall times and "
+                        "runs' seconds price the ETA (default: OUT/speed/eta/<profile folder>, if there)")
     p.add_argument("--replace", action="store_true",
                    help="runs made with other settings than the plan's (a step refuses them) are moved aside "
                         "to <sweep folder>/replaced/<time>/ and trained again; nothing is deleted")
@@ -146,19 +150,21 @@ def run(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     else:
         runs = a.runs or runs_root() / f"reproduce-{a.profile}"
         progress = Progress(runs / "progress.json", jobs=a.jobs)
-        for _, stage in planned_runs(a.profile, a.data_dir, chosen, out):
-            progress.plan(stage.runs, (runs / stage.folder).resolve(), stage.committed)
-        alone = [name for name in chosen if not EXPERIMENTS[name].trains]  # a benchmark: priced apart
-        for name in alone:
-            progress.plan_step(name, EXPERIMENTS[name].expected_seconds(a.profile, out / name))
+        priors = Priors.load(a.priors or a.out / "speed" / "eta" / out.name)
+        for name, stage in planned_runs(a.profile, a.data_dir, chosen, out):
+            progress.plan(stage.runs, (runs / stage.folder).resolve(), stage.committed, name, priors)
+        for name in chosen:  # a step that trains nothing (a benchmark) is priced apart in the FLOP model
+            alone = not EXPERIMENTS[name].trains
+            seconds = EXPERIMENTS[name].expected_seconds(a.profile, out / name) if alone else None
+            progress.plan_step(name, seconds, alone, priors)
         ctx = StepContext(a.profile, a.data_dir, out, runs.resolve(), not a.no_train, progress,
                           ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={a.jobs}"] if a.jobs > 1 else [],
                           a.replace)
         for name in chosen:
             start = time.time()
+            progress.step_began(name)
             EXPERIMENTS[name].run_step(ctx)
-            if name in alone:
-                progress.step_done(name, time.time() - start)
+            progress.step_done(name, time.time() - start)
             write_report(out, experiments, a.profile, a.data_dir, make)  # after every step: committable
     print(f"results in {write_report(out, experiments, a.profile, a.data_dir, make)}")
     if a.profile in ("cpu", "gpu") and a.data_dir:  # the committed profiles: one table of verdicts over both

@@ -17,8 +17,9 @@ from ..models.state_size import state_floats
 from .engine import plotting as P
 from .engine.experiment import Experiment, PlotCommand, Section, drawn, read_csv
 from .engine.plan import Run, composed_model, configuration, value
+from .engine.progress import Progress
 from .engine.registry import finished_runs, read_registry
-from .engine.runner import Progress, Stage, Trained, train_stage
+from .engine.runner import Stage, Trained, train_stage
 from .engine.stats import mean_sd
 from .engine.verdicts import FAILS, HOLDS, MISSING, NOT_TESTED, Claim, Verdict, combine, compare
 

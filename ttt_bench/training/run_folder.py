@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -34,18 +35,28 @@ def locked(run_dir: Path, enabled: bool = True):
         yield
 
 
+GRACE_S = 1.0  # how long a lock is tried for: `in_use` holds one for microseconds, a holder for a whole run
+
+
 @contextlib.contextmanager
 def exclusive(lock: Path, refused):
     """Hold an OS lock on the file `lock` for the block, recording this process in it; while another
-    process holds it, raise `refused(holder)`. The OS releases it when the process ends, however it ends (a
-    stale lock file locks nothing)."""
+    process (or thread: flock is per open file) holds it past GRACE_S, raise `refused(holder)`. The OS
+    releases it when the process ends, however it ends (a stale lock file locks nothing). The grace lets a
+    probe pass: without it a sweep worker's ETA probing its sibling's run folder (`in_use`) made the sibling
+    skip its run as "being trained by another process" (the default `make reproduce` at 605c787)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with open(lock, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            raise refused(f.read().strip() or "another process") from None
+        deadline = time.monotonic() + GRACE_S
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    f.seek(0)
+                    raise refused(f.read().strip() or "another process") from None
+                time.sleep(0.02)
         f.seek(0)
         f.truncate()
         f.write(f"process {os.getpid()}\n")
@@ -57,12 +68,18 @@ def exclusive(lock: Path, refused):
 
 
 def in_use(run_dir: Path) -> bool:
-    """Whether another process holds `run_dir`'s lock now (is training it)."""
+    """Whether another process (or thread) holds `run_dir`'s lock now (is training it): a probe that takes
+    the lock for an instant, without waiting and without recording itself as the holder."""
     try:
-        with locked(Path(run_dir)):
+        with open(Path(run_dir) / ".lock") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
             return False
-    except RunFolderInUse:
-        return True
+    except OSError:  # no lock file: never trained
+        return False
 
 
 def identity(cfg: DictConfig, data_fingerprint: str | None) -> dict:

@@ -21,9 +21,10 @@ import pandas as pd
 
 from ...errors import UserError
 from .plan import Run, check_profile, expand, load_sweep, merge
+from .progress import Progress
 from .registry import load_csv
 from .report import Step, StepContext, last_wall_time
-from .runner import Progress, Stage, Trained, train_stage
+from .runner import Stage, Trained, train_stage
 from .verdicts import Claim
 
 log = logging.getLogger("ttt_bench.experiments")

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ...errors import UserError
 from ...io import read_table, write_atomic, write_json
-from .plan import Run
+from .plan import Run, identity
 
 NUMERIC = ("val_ppl", "val_accuracy", "test_accuracy", "forward_flops_per_image", "non_embedding_params",
            "params")
@@ -145,3 +145,15 @@ def select(reg: pd.DataFrame | None, **where) -> pd.DataFrame:
             return df.iloc[:0]
         df = df[df[k].astype(str) == str(v)]
     return df.sort_values("seed")
+
+
+def restorable(runs: dict[str, Run], registry: Path | None) -> dict[str, dict]:
+    """The planned runs that a committed registry (an earlier session's) holds finished with the same
+    identity, with their rows; not a run that another run starts from (its checkpoint is needed)."""
+    if registry is None or not Path(registry).is_file():
+        return {}
+    parents = {run.after for run in runs.values()}
+    old = pd.read_csv(registry)
+    return {row["run"]: row for row in old[old["status"] == "finished"].to_dict("records")
+            if row["run"] in runs and row["run"] not in parents
+            and identity(row["overrides"]) == identity(runs[row["run"]].overrides)}

@@ -19,8 +19,8 @@ import pandas as pd
 
 from ...io import write_atomic, write_json
 from ...machine import hardware
+from .progress import Progress
 from .registry import load_csv
-from .runner import Progress
 from .verdicts import (
     CHECK,
     STATUSES,

@@ -13,12 +13,10 @@ finished. A committed registry of an earlier session counts its finished runs as
 (`restore`): a new machine re-tabulates what it cannot retrain.
 """
 
-import fcntl
 import json
 import logging
 import shlex
 import sys
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,13 +26,12 @@ from ...config import CONFIG_MODULE
 from ...errors import Interrupted, UserError
 from ...io import write_atomic, write_json
 from ...training.run_folder import RunFolderInUse, in_use
-from ...training.runs import fraction_trained
 from ...training.train import train
-from .cost import run_cost
 from .curves import run_curves
 from .floors import text_floors
-from .plan import Run, composed, identity
-from .registry import failure_line, read_metrics, record_failure, run_finished, write_plan, write_registry
+from .plan import Run, composed
+from .progress import Progress
+from .registry import failure_line, record_failure, restorable, run_finished, write_plan, write_registry
 from .sweep_folder import claimed, data_fingerprint, settle
 
 log = logging.getLogger("ttt_bench.experiments")
@@ -44,124 +41,6 @@ def launcher_jobs(launcher: list[str]) -> int:
     """How many runs a sweep's launcher trains at once: `hydra.launcher.n_jobs=N`, else 1."""
     return next((int(n) for o in launcher if o.startswith("hydra.launcher.n_jobs=")
                  and (n := o.split("=", 1)[1]).isdigit()), 1)
-
-
-class Progress:
-    """The whole pipeline's progress line, "run k/N, elapsed, ETA": `make reproduce` plans it over every
-    sweep; a sweep run alone counts its own runs. It lives in a file (`path`), so that every process that
-    trains the pipeline's runs (Hydra's joblib workers, a second `make reproduce`) reports the same line; the
-    run folders say which runs have finished, and each run takes its number k under a lock on the file, so
-    two workers that start together say k and k + 1.
-
-    The ETA prices each run left as a fixed cost plus its planned training FLOPs (cost.py's estimate) at the
-    speed of this session's finished runs (their FLOPs over their own training seconds). The fixed cost is
-    the worker time not spent training, per run started: elapsed x jobs less the runs' training seconds,
-    which holds each run's start-up and evaluation and the pipeline's other phases (n-gram floors, tables,
-    figures, benchmarks). Training seconds alone made the quick profile's ETA 30-45% short at the halfway
-    point. A run another process is training counts with the share of its steps it has logged; runs
-    finished before the plan or restored from a committed registry took no time here and measure nothing.
-    A step that trains nothing (latency's benchmark, which runs alone) is priced apart (`plan_step`: its
-    last wall time, or the experiment's estimate) and its measured time (`step_done`) is kept out of the
-    fixed cost: folded into it, a 2-minute benchmark had made every later run look 2 minutes dearer."""
-
-    def __init__(self, path: Path, flops: dict | None = None, finished_before: list | None = None,
-                 start: float | None = None, jobs: int = 1, started: list | None = None,
-                 steps: dict | None = None, steps_done: dict | None = None):
-        self.path = Path(path)
-        self.flops: dict[str, float] = flops or {}  # run folder -> planned training FLOPs (0: unknown)
-        self.finished_before = set(finished_before or ())  # finished when planned: not this session's work
-        self.start = start or time.time()
-        self.jobs = max(int(jobs), 1)  # runs trained at once
-        self.started: list[str] = list(started or ())  # run folders begun since the plan, in order
-        self.steps: dict[str, float] = dict(steps or {})  # a step that trains nothing -> its planned seconds
-        self.steps_done: dict[str, float] = dict(steps_done or {})  # -> the seconds it took
-
-    def _save(self) -> None:
-        write_json(self.path, {"flops": self.flops, "finished_before": sorted(self.finished_before),
-                               "start": self.start, "jobs": self.jobs, "started": self.started,
-                               "steps": self.steps, "steps_done": self.steps_done})
-
-    def plan_step(self, name: str, seconds: float) -> None:
-        """A step of the pipeline that trains nothing and runs alone, priced at `seconds` of wall time."""
-        self.steps[name] = float(seconds)
-        self._save()
-
-    def step_done(self, name: str, seconds: float) -> None:
-        self.steps_done[name] = float(seconds)
-        self._save()
-
-    def plan(self, runs: dict[str, Run], out: Path, committed: Path | None = None,
-             configs: dict | None = None) -> None:
-        """Price the runs of one sweep folder `out`; those finished there, or that the `committed` registry
-        will restore, are no work of this session. `configs`: the runs' composed configs, run name -> config
-        (`compose_all`: a run missing there did not compose and costs nothing); without them each run left is
-        composed here (once per process: plan.composed)."""
-        restored = restorable(runs, committed)
-        for name, run in runs.items():
-            run_dir = str(Path(out) / name)
-            if run_finished(run_dir) or name in restored:
-                self.finished_before.add(run_dir)
-                self.flops[run_dir] = 0.0
-                continue
-            try:
-                cfg = composed(run.overrides) if configs is None else configs[name]
-                self.flops[run_dir] = float(run_cost(cfg).train_flops)
-            except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
-                self.flops[run_dir] = 0.0
-        self.started = []
-        self._save()
-
-    @classmethod
-    def load(cls, path: Path) -> "Progress":
-        try:
-            return cls(path, **json.loads(Path(path).read_text()))
-        except (OSError, ValueError, TypeError):
-            return cls(path)
-
-    def _number(self, run_dir: str, done: set[str]) -> int:
-        """k of "run k/N": the runs finished without being begun since the plan, then this run's place
-        among those begun (claimed in the file under an exclusive lock)."""
-        with open(self.path.with_name(self.path.name + ".lock"), "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                if self.path.is_file():
-                    self.started = Progress.load(self.path).started
-                if run_dir not in self.started:
-                    self.started.append(run_dir)
-                    self._save()
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-        return len(done - set(self.started)) + self.started.index(run_dir) + 1
-
-    def eta(self, done: set[str]) -> str:
-        metrics = {d: read_metrics(d) or {} for d in done - self.finished_before}
-        mine = {d: m for d, m in metrics.items() if "restored_from" not in m}  # finished by this session
-        running = {d: fraction_trained(d) for d in self.flops
-                   if d not in done and Path(d).is_dir() and in_use(d)}
-        todo = [d for d in self.flops if d not in done]
-        steps_left = sum(s for name, s in self.steps.items() if name not in self.steps_done)
-        elapsed = time.time() - self.start - sum(self.steps_done.values())  # time spent on runs
-        trained_s = sum(float(m.get("wall_time_s") or 0.0) for m in mine.values())
-        if not mine:
-            return "ETA after a run"
-        if trained_s <= 0 or any(self.flops[d] <= 0 for d in todo):  # no FLOP estimate: a run's mean time
-            return f"ETA {_minutes(elapsed / len(mine) * len(todo) + steps_left)} (by run count)"
-        rate = sum(self.flops[d] for d in mine) / trained_s  # FLOP/s of one worker
-        partly_s = sum(self.flops[d] * f for d, f in running.items()) / rate
-        fixed = max(elapsed * self.jobs - trained_s - partly_s, 0.0) / (len(mine) + len(running))
-        left = sum(self.flops[d] * (1 - running.get(d, 0.0)) / rate + (0.0 if d in running else fixed)
-                   for d in todo)
-        return f"ETA {_minutes(left / self.jobs + steps_left)}"
-
-    def begin(self, run_dir: Path) -> None:
-        run_dir, done = str(run_dir), {d for d in self.flops if run_finished(d)}
-        log.info("run %d/%d (%s): elapsed %.1f min, %s", self._number(run_dir, done), len(self.flops),
-                 Path(run_dir).name, (time.time() - self.start) / 60, self.eta(done))
-
-
-def _minutes(seconds: float) -> str:
-    minutes = seconds / 60
-    return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
 
 
 # Lightning's per-run banners ("Seed set to 0", "GPU available: False", "`Trainer.fit` stopped"), a third of a
@@ -326,7 +205,7 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
                      ", ".join(moved))
         if pipeline is None:
             pipeline = Progress(out / "progress.json", jobs=launcher_jobs(launcher))
-            pipeline.plan(runs, out, stage.committed, configs)
+            pipeline.plan(runs, out, stage.committed, configs=configs)
         write_plan(out, sweep, profile, runs, pipeline.path)
         for name, error in errors.items():
             if not run_finished(out / name):
@@ -357,18 +236,6 @@ def train_stage(sweep: str, profile: str, stage: Stage, out: Path, launcher: lis
         curves = run_curves(out, runs, pd.read_csv(kept) if kept and kept.is_file() else None)
         write_atomic(out / "curves.csv", curves.to_csv(index=False))  # tables flag the stalled runs
         return Trained(write_registry(out), {"floors.csv": floors, "curves.csv": curves})
-
-
-def restorable(runs: dict[str, Run], registry: Path | None) -> dict[str, dict]:
-    """The planned runs that a committed registry (an earlier session's) holds finished with the same
-    identity, with their rows; not a run that another run starts from (its checkpoint is needed)."""
-    if registry is None or not Path(registry).is_file():
-        return {}
-    parents = {run.after for run in runs.values()}
-    old = pd.read_csv(registry)
-    return {row["run"]: row for row in old[old["status"] == "finished"].to_dict("records")
-            if row["run"] in runs and row["run"] not in parents
-            and identity(row["overrides"]) == identity(runs[row["run"]].overrides)}
 
 
 def restore(out: Path, runs: dict[str, Run], registry: Path) -> int:

@@ -23,7 +23,9 @@ import os
 import re
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +44,9 @@ TOLERANCE = 1e-4
 # (tests/test_kernels.py) the error is <= 1.3e-3 at f = 16 and 64; a broken kernel is off by O(1), and the
 # ieee comparison at TOLERANCE still catches small errors of the kernels' own arithmetic
 TF32_TOLERANCE = 1e-2
+# the prefill kernel on bfloat16 inputs: its matmul operands rounded to 8 bits and its output written in
+# bfloat16 (tests/test_kernel_prefill.py: a few 1e-3 at f = 16-64, the interpreter emulating the rounding)
+BF16_TOLERANCE = 1.5e-2
 
 # The precision of the dual-form kernel's matmuls when the layer runs it: "tf32" (tensor cores), not "ieee".
 # Exact float32 tl.dot is lowered to FMAs that hold whole rows and columns of the operands in every thread:
@@ -141,29 +146,63 @@ def _flat(out) -> list[torch.Tensor]:
     return [t for o in out for t in _flat(o)]
 
 
-def kernel_errors(kernel, reference, inputs: list[torch.Tensor], seed: int) -> dict[str, float]:
-    """Outputs of kernel(*inputs) and reference(*inputs), then the gradients of every input under the same
-    random cotangents: each tensor's largest error over the reference's largest entry ("output 0",
-    "grad 3", ...)."""
+def kernel_errors(kernel, reference, inputs: list[torch.Tensor], seed: int,
+                  backward: bool = True) -> dict[str, float]:
+    """Outputs of kernel(*inputs) and reference(*inputs), then (`backward`) the gradients of every input
+    under the same random cotangents: each tensor's largest error over the reference's largest entry
+    ("output 0", "grad 3", ...)."""
     grads, outs = [], []
     g = torch.Generator().manual_seed(seed)
     cotangents = None
     for fn in (kernel, reference):
-        leaves = [t.detach().clone().requires_grad_() for t in inputs]
-        out = _flat(fn(*leaves))
-        cotangents = cotangents or [torch.randn(o.shape, generator=g).to(o.device) for o in out]
-        torch.autograd.backward(out, cotangents)
+        leaves = [t.detach().clone().requires_grad_(backward and t.is_floating_point()) for t in inputs]
+        with torch.set_grad_enabled(backward):
+            out = _flat(fn(*leaves))
+        if backward:
+            cotangents = cotangents or [torch.randn(o.shape, generator=g).to(o.device) for o in out]
+            torch.autograd.backward(out, cotangents)
+            grads.append([t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves])
         outs.append([o.detach() for o in out])
-        grads.append([t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves])
-    return {f"{kind} {i}": _rel_err(a, b) for kind, (ours, ref) in (("output", outs), ("grad", grads))
+    pairs = (("output", outs), ("grad", grads)) if backward else (("output", outs),)
+    return {f"{kind} {i}": _rel_err(a, b) for kind, (ours, ref) in pairs
             for i, (a, b) in enumerate(zip(ours, ref, strict=True))}
 
 
-def kernel_cases(device, f: int = 16, seed: int = 0) -> list[tuple]:
-    """(name, precision, kernel, PyTorch reference, inputs, seed, tolerance) of every kernel the layer can
-    select, on random inputs at head size f: the dual form in ieee and tf32 matmuls, and the decode step
-    (one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a scalar)."""
+def _prefill_inputs(dual: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The prefill kernel's inputs from the dual form's: XQ, XK, XV token-major [B, T, H, f] in `dtype`, lr
+    [B, H, T] (eta's first row), the weights, and the token scaling te [b] = 1/i plus an offset."""
+    XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
+    B, H, N, bs, f = XQ.shape
+    token_major = lambda x: x.reshape(B, H, N * bs, f).transpose(1, 2).to(dtype)
+    te = 1.0 / torch.arange(1, bs + 1, device=XQ.device) + 0.1
+    return [token_major(XQ), token_major(XK), token_major(XV), eta[..., 0, :].reshape(B, H, N * bs), W[0],
+            b[0], ln_w, ln_b, te]
+
+
+class KernelCase(NamedTuple):
+    """A kernel the layer can select, on random inputs, beside the PyTorch reference it replaces."""
+
+    name: str  # dual, dual/tf32, prefill/bf16, prefill/tf32, decode
+    precision: str  # of the kernel's matmul operands
+    kernel: Callable
+    reference: Callable
+    inputs: list
+    seed: int  # of the cotangents
+    tolerance: float
+    backward: bool = True  # False: a forward-only kernel (prefill), its outputs alone compared
+
+
+def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
+    """Every kernel the layer can select, on random inputs at head size f: the dual form in ieee and tf32
+    matmuls, the prefill kernel (forward only; bfloat16 inputs with bf16 matmul operands, float32 ones in
+    tf32), and the decode step (one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a
+    scalar)."""
     from ...kernels import ttt_linear  # needs triton; its kernel looked up at each check (tests replace it)
+    from ...kernels.interpreter import emulate_bf16_dot
+    from ...kernels.ttt_linear_prefill import prefill_reference, ttt_linear_prefill
+
+    if torch.device(device).type == "cpu":  # Triton's interpreter: its bf16 tl.dot made a GPU's
+        emulate_bf16_dot()
 
     dual = _inputs(device, f=f, seed=seed)
     XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
@@ -172,9 +211,14 @@ def kernel_cases(device, f: int = 16, seed: int = 0) -> list[tuple]:
     decode = [tok(XQ), tok(XK), tok(XV), lr, te, W, b, 0.1 * W, 0.1 * b, ln_w, ln_b]
     tf32 = lambda *args: ttt_linear.ttt_linear_dual(*args, precision="tf32")
     reference = dual_scan.ttt_linear_dual
-    return [("dual", "ieee", ttt_linear.ttt_linear_dual, reference, dual, seed + 1, TOLERANCE),
-            ("dual/tf32", "tf32", tf32, reference, dual, seed + 1, TF32_TOLERANCE),
-            ("decode", "ieee", ttt_linear_decode, decode_reference, decode, seed + 2, TOLERANCE)]
+    tf32_prefill = lambda *args: ttt_linear_prefill(*args, precision="tf32")
+    return [KernelCase("dual", "ieee", ttt_linear.ttt_linear_dual, reference, dual, seed + 1, TOLERANCE),
+            KernelCase("dual/tf32", "tf32", tf32, reference, dual, seed + 1, TF32_TOLERANCE),
+            KernelCase("prefill/bf16", "bf16", ttt_linear_prefill, prefill_reference,
+                       _prefill_inputs(dual, torch.bfloat16), seed + 3, BF16_TOLERANCE, backward=False),
+            KernelCase("prefill/tf32", "tf32", tf32_prefill, prefill_reference,
+                       _prefill_inputs(dual, torch.float32), seed + 3, TF32_TOLERANCE, backward=False),
+            KernelCase("decode", "ieee", ttt_linear_decode, decode_reference, decode, seed + 2, TOLERANCE)]
 
 
 def compare_kernels(device: torch.device) -> dict:
@@ -182,15 +226,15 @@ def compare_kernels(device: torch.device) -> dict:
     or run is a failed check with the error's first line."""
     try:
         with torch.autocast(device.type, enabled=False), torch.inference_mode(False), torch.enable_grad():
-            bad = [f"{name} {tensor}: {err:.1e}"
-                   for name, _, kernel, reference, inputs, seed, tolerance in kernel_cases(device)
-                   for tensor, err in kernel_errors(kernel, reference, inputs, seed).items()
-                   if not err <= tolerance]  # NaN included
+            bad = [f"{case.name} {tensor}: {err:.1e}" for case in kernel_cases(device)
+                   for tensor, err in kernel_errors(case.kernel, case.reference, case.inputs, case.seed,
+                                                    case.backward).items()
+                   if not err <= case.tolerance]  # NaN included
     except Exception as e:  # noqa: BLE001  (a compile or launch failure is a failed check)
         lines = str(e).strip().splitlines()
         return {"ok": False, "detail": f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]}
-    return {"ok": not bad, "detail": "; ".join(bad) if bad else
-            f"outputs and gradients within {TOLERANCE:g} (tf32: {TF32_TOLERANCE:g})"}
+    within = f"{TOLERANCE:g} (tf32: {TF32_TOLERANCE:g}, bf16: {BF16_TOLERANCE:g})"
+    return {"ok": not bad, "detail": "; ".join(bad) if bad else f"outputs and gradients within {within}"}
 
 
 def _read_cache(path: Path) -> dict:

@@ -255,13 +255,13 @@ class TTTLayer(nn.Module):
         """Whether TTT-Linear runs the Triton kernels here (CUDA by default; docs/speed.md)."""
         return self.learner == "linear" and kernel_check.use_triton(x, self.kernel)
 
-    @staticmethod
-    def _kernel_takes(what: str, x: torch.Tensor, bias, ln) -> bool:
-        """Whether the Triton kernel `what` (dual or decode) takes these inputs; logs once per shape which
-        path it takes and why (head size 96, the 760m size, is outside the kernels: PyTorch)."""
-        why_not = kernels.dual_why_not if what == "dual" else kernels.decode_why_not
-        reason = why_not(x, bias, ln and ln[0])
-        shape = f"head size {x.shape[-1]}" + (f", mini-batch {x.shape[-2]}" if what == "dual" else "")
+    def _kernel_takes(self, what: str, x: torch.Tensor, bias, ln) -> bool:
+        """Whether the Triton kernel `what` (dual, prefill or decode) takes these inputs; logs once per shape
+        which path it takes and why (head size 96, the 760m size, is outside the kernels: PyTorch)."""
+        b = self.mini_batch_size
+        reason = {"dual": kernels.dual_why_not, "decode": kernels.decode_why_not,
+                  "prefill": lambda *a: kernels.prefill_why_not(*a, b)}[what](x, bias, ln and ln[0])
+        shape = f"head size {x.shape[-1]}" + ("" if what == "decode" else f", mini-batch {b}")
         kernel_check.log_path_once(what, shape, reason)
         return not reason
 
@@ -272,6 +272,43 @@ class TTTLayer(nn.Module):
         if self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, bias, ln):
             return kernel_check.precision()  # tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: PRECISION says why
         return None
+
+    def prefill_kernel(self, xq: torch.Tensor, cache: TTTCache | None) -> str | None:
+        """The matmul precision of the Triton prefill kernel if this call's TTT-Linear runs in it, None if it
+        runs in `_ttt`: forward only (no gradient recorded, e.g. evaluation, generation's prompt), from the
+        start of a mini-batch with at least one complete one when there is a cache (its sums are carried by
+        `_continue`), no diagnostics. xq [B, T, H, f] as projected. 16-bit inputs multiply in their own dtype
+        with float32 accumulation and float32 weights (the authors' prefill kernel is fp16); float32 inputs
+        in the dual-form kernel's precision (kernel_check.precision)."""
+        b = self.mini_batch_size
+        if (torch.is_grad_enabled() or self.learner != "linear" or self.form != "dual"
+                or self.diagnostics is not None or not self._triton(xq)
+                or (cache is not None and (cache.pos % b or cache.sums is not None or xq.shape[1] < b))):
+            return None
+        if not self._kernel_takes("prefill", xq, self.b1, self.ln()):
+            return None
+        return kernels.prefill_precision(xq.dtype) if xq.dtype != torch.float32 else kernel_check.precision()
+
+    def _prefill(self, xq, xk, xv, lr, cache: TTTCache | None, precision: str) -> torch.Tensor:
+        """TTT-Linear in the prefill kernel, on the projections' token-major [B, T, H, f] in their dtype (no
+        transposes or float32 copies); with a cache, the complete mini-batches there and a last short one
+        through `_continue`, whose gradient sums decoding carries on. Returns z [B, T, H, f] in xq's dtype."""
+        B, T = xq.shape[:2]
+        b = self.mini_batch_size
+        params = cache.params if cache is not None and cache.params is not None else self.initial_params(B)
+        full = T if cache is None else T - T % b  # without a cache the kernel also does a short last one
+        head = lambda v: v[:, :full]
+        z, *params = kernels.prefill(
+            head(xq), head(xk), head(xv), lr[..., :full], *params, *self.ln(), self.token_eta(0, b),
+            mini_batch=b, precision=precision, final_state=cache is not None)
+        if cache is None:
+            return z
+        if full < T:
+            rest = [v[:, full:].transpose(1, 2).to(torch.float32) for v in (xq, xk, xv)]
+            zr, params, cache.sums = self._continue(params, None, *rest, lr[..., full:], 0)
+            z = torch.cat([z, zr.transpose(1, 2).to(z.dtype)], 1)
+        cache.params = tuple(p.contiguous() for p in params)
+        return z
 
     def _continue(self, params, sums, xq, xk, xv, lr, start: int):
         """Tokens of one mini-batch from its position `start`, carrying gradient sums (primal form)."""
@@ -367,6 +404,19 @@ class TTTLayer(nn.Module):
             )
         self.diagnostics.add(self.layer_idx, torch.cat(outs, 2).mean((0, 1)), B)
 
+    def _heads(self, x, xq, xk, xv, cache: TTTCache | None) -> torch.Tensor:
+        """The inner loop on heads-major xq, xk, xv [B, H, T, f] (float32 at least): [B, H, T, f]."""
+        if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
+            if cache is not None:
+                if cache.kv is not None:
+                    xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
+                cache.kv = (xk, xv)
+            return learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
+        lr = self.inner_lr(x.to(xq.dtype))
+        if self.diagnostics is not None and cache is None:
+            self._record_inner_losses(xk, xv, lr)
+        return self._ttt(xq, xk, xv, lr, cache)
+
     # ---- forward ----
 
     def forward(self, x: torch.Tensor, cache: TTTCache | None = None) -> torch.Tensor:
@@ -388,19 +438,11 @@ class TTTLayer(nn.Module):
         # heads: [B, H, T, f]; the inner loop in float32 at least and outside autocast (mixed-precision
         # training): its weights are float32 parameters, its gradient steps need the precision
         inner = torch.promote_types(xq.dtype, torch.float32)
-        xq, xk, xv = (t.transpose(1, 2).to(inner) for t in (xq, xk, xv))
         with torch.autocast(x.device.type, enabled=False):
-            if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
-                if cache is not None:
-                    if cache.kv is not None:
-                        xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
-                    cache.kv = (xk, xv)
-                z = learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
+            if precision := self.prefill_kernel(xq, cache):  # token-major, in the projections' dtype
+                z = self._prefill(xq, xk, xv, self.inner_lr(x.to(inner)), cache, precision).transpose(1, 2)
             else:
-                lr = self.inner_lr(x.to(inner))
-                if self.diagnostics is not None and cache is None:
-                    self._record_inner_losses(xk, xv, lr)
-                z = self._ttt(xq, xk, xv, lr, cache)
+                z = self._heads(x, *(t.transpose(1, 2).to(inner) for t in (xq, xk, xv)), cache)
 
         # back to the parameters' dtype (a no-op unless the model itself is cast, e.g. to bfloat16)
         z = self.post_norm(z.transpose(1, 2).reshape(B, T, D).to(self.post_norm.weight.dtype))
