@@ -656,7 +656,12 @@ def test_the_eta_prices_steps_by_a_reference_session_scaled_by_this_machines_spe
     write_json(Path(c) / "metrics.json", {"status": "finished", "wall_time_s": 50.0})
     progress = Progress(tmp_path / "progress.json", jobs=2)
     configs = {"a": compose("train", run.overrides)}
-    progress.plan({"a": run}, tmp_path / "out", step="s1", priors=priors, configs=configs)
+    other_run = configuration("b", [*TINY, "model=transformer", "seed=1"], "Transformer")  # not in the ref
+    configs["b"] = compose("train", other_run.overrides)
+    progress.plan({"a": run, "b": other_run}, tmp_path / "out", step="s1", priors=priors, configs=configs)
+    b = str(tmp_path / "out" / "b")
+    assert progress.work[b] == pytest.approx(progress.flops[b] / 5e10)  # its FLOPs at the reference's rate
+    del progress.flops[b]
     for step in ("s1", "s2"):
         progress.plan_step(step, priors=priors)
     progress.flops[c], progress.work[c], progress.step_of[c] = 1e12, 25.0, "s1"  # took 2x its reference

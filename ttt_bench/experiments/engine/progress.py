@@ -121,7 +121,8 @@ class Progress:
         the `committed` registry will restore, are no work of this session. `configs`: the runs' composed
         configs, run name -> config (`compose_all`: a run missing there did not compose and costs nothing);
         without them each run left is composed here (once per process: plan.composed). `priors`: the
-        reference session that holds the runs' training seconds."""
+        reference session: each run's training seconds there, or for a run it lacks, its FLOPs at the rate of
+        its model there."""
         restored = restorable(runs, committed)
         for name, run in runs.items():
             run_dir = str(Path(out) / name)
@@ -129,15 +130,17 @@ class Progress:
                 self.finished_before.add(run_dir)
                 self.flops[run_dir] = 0.0
                 continue
+            if step is not None:
+                self.step_of[run_dir] = step
             try:
                 cfg = composed(run.overrides) if configs is None else configs[name]
                 self.flops[run_dir] = float(run_cost(cfg).train_flops)
             except Exception:  # noqa: BLE001  (a config that does not compose is recorded as failed)
-                self.flops[run_dir] = 0.0
-            if step is not None:
-                self.step_of[run_dir] = step
-            if priors is not None and (seconds := priors.runs.measured(run.overrides)) is not None:
-                self.work[run_dir] = seconds
+                self.flops[run_dir] = self.work[run_dir] = 0.0
+                continue
+            if priors is not None:  # the same run's seconds there, else its FLOPs at its model's rate there
+                minutes, _ = priors.runs.minutes(run.overrides, cfg.model.get("name"), self.flops[run_dir])
+                self.work[run_dir] = minutes * 60
         self.started = []
         self._save()
 
