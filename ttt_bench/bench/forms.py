@@ -2,7 +2,9 @@
 "trains more than 5x faster"): the dual form as it runs in PyTorch (`dual`), with its batched elementwise
 work fused by torch.compile (`dual-fused`, the layer's `fused` option), and the fused Triton kernel where the
 layer runs it (`triton (tf32)`: on a CUDA GPU where the kernels passed their check, at head sizes and a
-mini-batch size they take).
+mini-batch size they take), and in the core, on a CUDA GPU with fla-core installed, flash-linear-attention's
+chunk and fused_chunk TTT-Linear (its variant: a learning rate per token, the residual around Zb; the
+parity on what both compute is tests/test_fla_parity.py).
 
 scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
 each form; scope=core times only the inner loop, on [B, H, N, b, f] inputs laid out as the layer's.
@@ -99,13 +101,49 @@ def _core_case(args, impl, precision, device, dtype):
     return _fwd_bwd(lambda: fn(*inputs)[0], inputs)
 
 
+def fla_version(device) -> str | None:
+    """fla-core's version where its TTT-Linear kernels can be timed: installed, on a CUDA device."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        from importlib.metadata import version
+
+        import fla.ops.ttt  # noqa: F401
+
+        return version("fla-core")
+    except ImportError:
+        return None
+
+
+def _fla_case(args, impl, precision, device, dtype):
+    """flash-linear-attention's chunk or fused_chunk TTT-Linear on the core's shapes, token-major [B, T, H, f]
+    as fla takes them, a learning rate per token (fla's variant: tests/test_fla_parity.py says where it
+    differs from the paper's), LN weight and bias [H, f], initial weights W0, b0."""
+    from fla.ops.ttt import chunk_ttt_linear, fused_chunk_ttt_linear
+
+    B, H, N, b, f = _dims(args)
+    r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, device=device, dtype=dtype)).requires_grad_()
+    eta = (0.01 * torch.rand(B, N * b, H, 1, device=device, dtype=dtype)).requires_grad_()
+    inputs = (r(B, N * b, H, f), r(B, N * b, H, f), r(B, N * b, H, f), r(H, f), r(H, f), eta,
+              r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02))
+    fn = fused_chunk_ttt_linear if impl.startswith("fla fused_chunk") else chunk_ttt_linear
+    return _fwd_bwd(lambda: fn(*inputs[:6], scale=1.0, chunk_size=b, initial_state=inputs[6],
+                               initial_state_bias=inputs[7], output_final_state=True)[0], inputs)
+
+
 def cases(args, scope: str, device, dtype) -> dict[str, Callable[[], Callable]]:
     """{row label: a builder of its fwd+bwd} for one scope: the PyTorch forms, then the Triton kernel where
-    the layer takes it, labelled with its precision ("triton (tf32)")."""
+    the layer takes it, labelled with its precision ("triton (tf32)"); in the core, on a CUDA GPU with
+    fla-core installed, flash-linear-attention's two TTT-Linear kernels ("fla chunk (fla-core 0.6.0)")."""
     precision = kernel_precision(args, scope, device, dtype)
     impls = ["primal", "dual"] + ["dual-fused"] * args.fused + [f"triton ({precision})"] * bool(precision)
     case = _layer_case if scope == "layer" else _core_case
-    return {impl: functools.partial(case, args, impl, precision, device, dtype) for impl in impls}
+    built = {impl: functools.partial(case, args, impl, precision, device, dtype) for impl in impls}
+    if scope == "core" and (fla := fla_version(device)):
+        for kernel in ("chunk", "fused_chunk"):
+            impl = f"fla {kernel} (fla-core {fla})"
+            built[impl] = functools.partial(_fla_case, args, impl, precision, device, dtype)
+    return built
 
 
 def _fwd_bwd(forward, inputs):
