@@ -1,7 +1,8 @@
-"""`ttt-bench plot FIGURE`: draw a paper figure (PNG and PDF) from a sweep folder or a CSV; every figure
-belongs to an experiment (ttt_bench/experiments/), which draws it."""
+"""`ttt-bench plot FIGURE`: draw a paper figure (PNG, and with --pdf a PDF) from a sweep folder or a CSV;
+every figure belongs to an experiment (ttt_bench/experiments/), which draws it."""
 
 import argparse
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -24,8 +25,10 @@ def run(args: list[str]) -> None:
     )
     p.add_argument("figure", choices=figures)
     p.add_argument("inputs", nargs="+", type=Path, help="sweep folder(s) or CSV file(s), see below")
-    p.add_argument("--out", type=Path, default=Path("figures"), help="folder for FIGURE.png/.pdf")
+    p.add_argument("--out", type=Path, default=Path("figures"), help="folder for FIGURE.png (and .pdf)")
+    p.add_argument("--pdf", action="store_true", help="also write FIGURE.pdf, vector art for a paper")
     a = p.parse_args(args)
+    from ttt_bench.experiments.engine.plotting import vector
     from ttt_bench.io import write_atomic
 
     src = a.inputs[0]
@@ -39,7 +42,8 @@ def run(args: list[str]) -> None:
              "`ttt-bench ablate`")
     with tempfile.TemporaryDirectory() as tmp:  # drawn aside, then copied: a failure leaves no partial figure
         try:
-            paths = figures[a.figure].draw(a.inputs, Path(tmp) / a.figure.replace("-", "_"))
+            with vector() if a.pdf else contextlib.nullcontext():
+                paths = figures[a.figure].draw(a.inputs, Path(tmp) / a.figure.replace("-", "_"))
         except UserError as e:
             fail(f"cannot draw {a.figure} from {src}: {e}")
         except (ValueError, KeyError, IndexError) as e:

@@ -8,8 +8,8 @@ at optimizer step STEP (1-based, the numbering of losses.csv):
 - WHERE=final_eval: during the validation after training (STEP unused);
 - WHERE=sigint: sends itself SIGINT (Ctrl-C) during step STEP, before the update (it does not die: training
   stops after the step, with its checkpoint).
-And `python -m tests.faults 0 WHERE sweep OUT` trains tests/test_sweep_folder.py's two-run sweep into OUT in a
-process that SIGKILLs itself:
+And `python -m tests.faults 0 WHERE sweep OUT` trains the two-run sweep of tests/test_sweep_folder.py
+(tests/helpers.py's two_runs) into OUT in a process that SIGKILLs itself:
 - WHERE=between_runs: after the first run finished, before the second starts;
 - WHERE=tabulation: while the sweep writes its curves (after both runs, before the registry);
 - WHERE=registry_write: halfway through writing registry.csv (through the production atomic write).
@@ -113,7 +113,7 @@ def kill_during_registry_write(step: int) -> None:
 
 
 def sweep(out: str) -> None:
-    from tests.test_sweep_folder import two_runs
+    from tests.helpers import two_runs
     from ttt_bench.experiments.engine.runner import Stage, train_stage
 
     train_stage("table1", "smoke", Stage("t", two_runs()), Path(out))

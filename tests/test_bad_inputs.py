@@ -14,27 +14,18 @@ import zstandard
 from omegaconf import OmegaConf
 from ttt_bench.cli.main import main
 
+from tests.conftest import TINY_BATCH, TINY_CORPUS, TINY_IMAGE
+from tests.helpers import cli_error
 from ttt_bench.config import compose
 from ttt_bench.data import LMDataModule, LocalCorpus
 from ttt_bench.data.corpora import ReadStats
 from ttt_bench.errors import UserError
 from ttt_bench.training.module import LitLM
 
-BASE = ["size=xs", "data.seq_len=64", "data.micro_batch_size=4", "recipe.tokens_per_batch=256",
-        "data.num_proc=1", "trainer.max_steps=2", "trainer.enable_progress_bar=false"]
+# The tiny run's batch geometry without its corpus (for data=pile, text or mqar), 2 steps of 256 tokens; TINY
+# adds a corpus of 6 documents.
+BASE = [*TINY_BATCH, "size=xs", "recipe.tokens_per_batch=256", "trainer.max_steps=2"]
 TINY = [*BASE, "data.corpus.train_docs=6", "data.corpus.validation_docs=2", "data.corpus.mean_doc_bytes=2000"]
-
-
-def cli_error(capsys, tmp_path, *argv: str) -> str:
-    """Run `ttt-bench argv` with outputs under tmp_path; return its one-line error."""
-    with pytest.raises(SystemExit) as e:
-        main([*argv, f"paths.runs={tmp_path / 'runs'}"] if argv[0] in ("train", "eval") else list(argv))
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("ttt-bench: error: "), err
-    runs = tmp_path / "runs"
-    assert not runs.exists() or not any(runs.iterdir()), "output folder left behind"
-    return err
 
 
 CONFIG_ERRORS = [
@@ -240,8 +231,8 @@ def test_eval_options_are_checked(capsys, tmp_path, checkpoints):
     assert "max_tokens='abc' must be a positive integer or null" in err
 
 
-SMALL_DATA = ["data=synthetic", "data.corpus.train_docs=2", "data.corpus.validation_docs=2",
-              "data.corpus.mean_doc_bytes=1500", "data.num_proc=1", "max_tokens=256", "batch_size=2"]
+# What eval reads: the tiny corpus, 256 of its tokens.
+SMALL_DATA = ["data=synthetic", *TINY_CORPUS, "data.num_proc=1", "max_tokens=256", "batch_size=2"]
 
 
 def test_eval_on_another_data_config(capsys, tmp_path, checkpoints):
@@ -454,10 +445,7 @@ def test_eval_of_a_language_model_on_images_is_one_line(capsys, tmp_path, checkp
 
 
 def test_eval_of_an_image_classifier_on_text_is_one_line(capsys, tmp_path):
-    main(["train", "task=image", "data=synthetic_images", "model=mttt_linear", "size=xs",
-          "recipe.total_images=32", "recipe.batch_size=32", "data.micro_batch_size=32",
-          "data.val_examples=32", "data.test_examples=32", "trainer.enable_progress_bar=false",
-          f"paths.runs={tmp_path / 'train'}"])
+    main(["train", *TINY_IMAGE, f"paths.runs={tmp_path / 'train'}"])
     (ckpt,) = (tmp_path / "train").rglob("last.ckpt")
     err = cli_error(capsys, tmp_path, "eval", f"ckpt_path={ckpt}", "data=synthetic")
     assert "holds an image classifier and data=synthetic is text" in err

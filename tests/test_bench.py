@@ -10,18 +10,15 @@ import pytest
 import torch
 from ttt_bench.cli.main import main
 
+from tests.conftest import BENCH_TINY
 from ttt_bench.bench import models
 from ttt_bench.models.mamba import scan_cpu
-
-TINY = ["--size", "xs", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--mlp-hidden", "64",
-        "--vocab-size", "64", "--contexts", "32,64", "--train-context", "32", "--tokens-per-step", "64",
-        "--decode-tokens", "2", "--warmup", "0", "--repeats", "1", "--threads", "1", "--device", "cpu"]
 
 
 def test_models_suite_writes_every_phase_of_every_model(tmp_path, capsys):
     out = tmp_path / "models.csv"
     names = ",".join([*models.MODELS, "no_such_model"])
-    main(["bench", "models", "--models", names, "--out", str(out), *TINY])
+    main(["bench", "models", "--models", names, "--out", str(out), *BENCH_TINY])
     df = pd.read_csv(out)
     required = {"model", "context", "phase", "latency_ms_per_token", "tokens_per_s", "mfu", "peak_mem_mb"}
     assert required <= set(df.columns)
@@ -51,7 +48,7 @@ def test_a_model_out_of_memory_is_a_row_with_a_note_and_the_others_are_timed(tmp
     monkeypatch.setattr(models.Bench, "model", model)
     out = tmp_path / "models.csv"
     main(["bench", "models", "--models", "transformer,mamba", "--phases", "prefill,decode", "--out", str(out),
-          *TINY])
+          *BENCH_TINY])
     df = pd.read_csv(out)
     mamba = df[df.model == "mamba"]
     assert (mamba.note == "out of memory").all() and mamba.latency_ms_per_token.isna().all()
@@ -89,7 +86,7 @@ def test_bad_arguments_fail_with_one_line(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "no_such_suite"])
     with pytest.raises(SystemExit) as e:
-        main(["bench", "models", "--phases", "prefil", *TINY])
+        main(["bench", "models", "--phases", "prefil", *BENCH_TINY])
     assert e.value.code == 2 and "unknown phases" in capsys.readouterr().err
 
 

@@ -29,10 +29,13 @@ def test_dry_campaign_writes_every_stage_and_resumes(tmp_path):
     out, work = tmp_path / "gpu", tmp_path / "work"
     first = run_campaign("--stage", "all", "--dry", "--out", str(out), "--work", str(work))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    folder = {stage: campaign.stage_dir(out, stage) for stage in campaign.STAGES}
+    assert {p.name for p in out.iterdir()} == {"check", "speed", "train", "figure3", "sections", "SUMMARY.md",
+                                               "machine.json"}  # each stage in the folder of what it measures
     for stage, files in campaign.OUTPUTS.items():
-        assert (out / f"{stage}.done").exists(), stage
+        assert (folder[stage] / f"{stage}.done").exists(), stage
         for name in files:
-            assert (out / name).stat().st_size > 0, name
+            assert (folder[stage] / name).stat().st_size > 0, name
         section = (out / "sections" / f"{stage}.md").read_text()
         assert section.startswith(f"## {stage}") and "| command | wall (s) |" in section
     summary = (out / "SUMMARY.md").read_text()
@@ -40,27 +43,31 @@ def test_dry_campaign_writes_every_stage_and_resumes(tmp_path):
         assert f"## {stage} (dry run, CPU)" in summary
     assert "- GPU: no GPU" in summary and "torch " in summary and "Triton " in summary
 
-    check = pd.read_csv(out / "check.csv")
+    check = pd.read_csv(folder["check"] / "check.csv")
     assert set(check["head_size"]) == set(campaign.HEAD_SIZES)
     assert {"dual/ieee", "dual/tf32", "decode"} <= set(check["kernel"])
     assert (check["status"].isin(["pass", "unsupported"])).all(), check.to_string()
-    assert "passed" in (out / "pytest.txt").read_text()
-    for name in campaign.BENCH_OUT.values():
-        assert not pd.read_csv(out / name).empty, name
-    models = pd.read_csv(out / "bench_models_125m.csv")
+    assert "passed" in (folder["check"] / "pytest.txt").read_text()
+    for stage in ("bench", "figure3"):
+        for part in campaign.BENCH[stage]:
+            assert not pd.read_csv(folder[stage] / campaign.BENCH_OUT[part]).empty, part
+    models = pd.read_csv(folder["bench"] / "bench_models_125m.csv")
     assert set(models["model"]) == set(campaign.MODELS) and set(models["phase"]) == {"prefill", "decode"}
-    train = pd.read_csv(out / "train.csv")
+    train = pd.read_csv(folder["train"] / "train.csv")
     assert list(train["model"]) == list(campaign.MODELS)
     assert train["ok"].all() and train["all_finite"].all(), train.to_string()
     assert (train["peak_mem_mb"] > 0).all() and (train["steady_tokens_per_s"] > 0).all()
+    assert sorted(p.name for p in (folder["train"] / "logs").iterdir()) == sorted(
+        f"train_{m}.log" for m in campaign.MODELS)
     assert not any(out.rglob("*.ckpt"))  # run folders and checkpoints stay in --work
 
-    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*.csv")}
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("*/*.csv")}
+    assert len(stamps) == 1 + len(campaign.BENCH_OUT) + 1  # check, the bench CSVs, train
     second = run_campaign("--stage", "all", "--dry", "--out", str(out), "--work", str(work))
     assert second.returncode == 0, second.stderr[-3000:]
     for stage in campaign.STAGES:
         assert f"[campaign] {stage}: finished before" in second.stdout
-    assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("*.csv")}
+    assert stamps == {p: p.stat().st_mtime_ns for p in out.glob("*/*.csv")}
     assert (out / "SUMMARY.md").read_text() == summary
 
 
@@ -89,12 +96,13 @@ def test_a_queue_call_caps_tabulates_packs_and_the_next_call_resumes(tmp_path, m
     args = ["--stage", "queue", "--item", "table1", "--dry", "--out", str(out), "--train-s", "1",
             "--grace-s", "5"]
     assert campaign.main([*args, "--runs", str(tmp_path / "runs"), "--pack", str(pack)]) == 0
-    row = pd.read_csv(out / "queue.csv").iloc[-1]
+    row = pd.read_csv(out / "queue" / "queue.csv").iloc[-1]
     assert row["item"] == "table1" and bool(row["capped"]) and not bool(row["done"])
     assert row["state"] == "1 of 2 runs finished" and row["tabulate_exit"] == 0
     assert (out / "table1" / "registry.csv").is_file()
     names = lambda f: tarfile.open(pack / f).getnames()
-    assert {"results/gpu/table1/registry.csv", "results/gpu/queue.csv"} <= set(names("table1-results.tgz"))
+    assert {"results/gpu/table1/registry.csv", "results/gpu/queue/queue.csv"} <= set(
+        names("table1-results.tgz"))
     assert not [n for n in names("table1-runs.tgz") if n.endswith(".ckpt")]
     ckpts = [n for n in names("table1-ckpt-0.tgz") if n.endswith(".ckpt")]
     assert ckpts == ["table1/b-s0/checkpoints/last.ckpt"]
@@ -108,9 +116,9 @@ def test_a_queue_call_caps_tabulates_packs_and_the_next_call_resumes(tmp_path, m
     assert [p.name for p in (repo / ".gpuruns").iterdir()] == ["table1-ckpt-0.tgz"]
     again = ["--runs", str(tmp_path / "runs2"), "--resume", str(repo / ".gpuruns")]
     assert campaign.main([*args, *again]) == 0
-    log = (out / "logs" / "table1.log").read_text()
+    log = (out / "queue" / "table1.log").read_text()
     assert "restored from" in log and "b-s0 resumed from its checkpoint" in log
-    assert len(pd.read_csv(out / "queue.csv")) == 2
+    assert len(pd.read_csv(out / "queue" / "queue.csv")) == 2
 
 
 def test_the_cap_reaches_every_process_of_the_call(tmp_path):

@@ -25,17 +25,13 @@ import pytest
 import zstandard
 from ttt_bench.cli.main import main
 
-from tests.conftest import REPO, TINY
-from tests.test_readme import commands_in
-from tests.test_tokenizer_offline import no_hub, tokenizer_dir  # noqa: F401  (fixtures)
+from tests.conftest import REPO, TINY, TINY_CORPUS
+from tests.helpers import commands_in
 
 PAGE = REPO / "docs" / "cluster.md"
 needs_submitit = pytest.mark.skipif(
     importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
     reason="needs hydra-submitit-launcher (the slurm or dev extra): pip install -e '.[slurm]'")
-# The tiny synthetic corpus of the other end-to-end tests (conftest.TINY), for a sweep's every run
-TINY_CORPUS = ["data.corpus.train_docs=24", "data.corpus.validation_docs=4",
-               "data.corpus.mean_doc_bytes=4000", "data.num_proc=1"]
 PAPER_BUDGET = 4769 * 524288  # 125m: ceil(2.5B / 0.5M tokens) steps of 0.5M tokens
 
 
@@ -49,7 +45,7 @@ def is_launcher(arg: str) -> bool:
 
 
 @pytest.fixture
-def shard_folder(tmp_path, tokenizer_dir):  # noqa: F811  (the imported fixture)
+def shard_folder(tmp_path, tokenizer_dir):
     """The page's /data/ on a small scale: pile/train/00-01.jsonl.zst (20 documents, 35 kB of JSON lines),
     pile/val.jsonl.zst, and llama-2-tokenizer/ with a tiny BPE's tokenizer.json. Returns the folder that
     stands for /data/."""
@@ -133,7 +129,7 @@ def test_the_pages_plans_name_the_paper_runs_and_warn_on_a_small_shard_folder(sh
         assert "docs/cluster.md" in warnings[0]
 
 
-def test_the_pages_tokenization_script_caches_the_shards_the_budget_reaches(shard_folder, no_hub, capsys):  # noqa: F811
+def test_the_pages_tokenization_script_caches_the_shards_the_budget_reaches(shard_folder, no_hub, capsys):
     """The page's python block (prepare_pile.py), on the tiny shards with the local tokenizer and the hub
     closed: both shards are tokenized (their 35 kB are far under the budget) and it says so."""
     (script,) = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
@@ -212,7 +208,8 @@ def test_a_sweep_through_submitit_local_trains_every_run_into_the_registry(tmp_p
     again trains nothing (what a re-run after preemption does to finished runs)."""
     out = tmp_path / "sweep"
     command = ["ablate", "minibatch", "--profile", "smoke", "--out", str(out),
-               "hydra/launcher=submitit_local", "trainer=slurm", "trainer.accelerator=cpu", *TINY_CORPUS]
+               "hydra/launcher=submitit_local", "trainer=slurm", "trainer.accelerator=cpu", *TINY_CORPUS,
+               "data.num_proc=1"]  # the tiny synthetic corpus of the other end-to-end tests, for every run
     main(command)
     printed = capsys.readouterr().out
     registry = pd.read_csv(out / "registry.csv")

@@ -7,18 +7,13 @@ import numpy as np
 import pytest
 import zstandard
 
+from tests.helpers import write_shard
 from ttt_bench.data import LMDataModule, LocalCorpus, SyntheticCorpus
 from ttt_bench.data.datamodule import PackedSequences
 from ttt_bench.data.loaders import EpochShuffleSampler
 from ttt_bench.data.synthetic import SyntheticLanguage, generate_document
 from ttt_bench.data.tokenizers import ByteTokenizer, from_spec
 from ttt_bench.errors import UserError
-
-
-def write_shard(path, records):
-    lines = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in records)
-    path.write_bytes(zstandard.ZstdCompressor().compress(lines))
-    return str(path)
 
 
 def test_synthetic_is_deterministic_fast_and_long_range():

@@ -15,8 +15,7 @@ import pytest
 import torch
 from ttt_bench.cli.main import main
 
-from tests.conftest import TINY
-from tests.test_bench import TINY as BENCH_TINY
+from tests.conftest import BENCH_TINY, TINY, TINY_IMAGE
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +54,7 @@ def runs(root) -> dict:
     for model in ("ttt_linear", "transformer"):
         main(["train", f"model={model}", "size=xs", *TINY, "trainer.max_steps=2",
               f"paths.runs={root / 'runs'}"])
-    main(["train", "task=image", "data=synthetic_images", "model=mttt_linear", "size=xs",
-          "recipe.total_images=32", "recipe.batch_size=32", "data.micro_batch_size=32",
-          "data.val_examples=32", "data.test_examples=32", "trainer.enable_progress_bar=false",
-          f"paths.runs={root / 'runs-mttt'}"])
+    main(["train", *TINY_IMAGE, f"paths.runs={root / 'runs-mttt'}"])
     folders = {p.parent for p in root.glob("runs*/*/*/metrics.json")}  # runs/<run_name>/<overrides>/
     return {"runs": root / "runs", **{f.parent.name.split("-")[0]: f for f in folders}}
 
@@ -70,13 +66,15 @@ def models_csv(root):
     return out
 
 
-def plot(kind: str, *inputs, out) -> None:
-    """`ttt-bench plot KIND INPUTS`: a PNG of a drawn figure (not blank) and its PDF."""
-    main(["plot", kind, *map(str, inputs), "--out", str(out)])
+def plot(kind: str, *inputs, out, pdf: bool = False) -> None:
+    """`ttt-bench plot KIND INPUTS`: a PNG of a drawn figure (not blank); with --pdf its PDF too."""
+    main(["plot", kind, *map(str, inputs), "--out", str(out), *["--pdf"] * pdf])
     png = out / f"{kind.replace('-', '_')}.png"
     image = matplotlib.image.imread(png)
     assert min(image.shape[:2]) > 300 and image[..., :3].std() > 0.05, f"{png} looks blank"
-    assert png.with_suffix(".pdf").stat().st_size > 1000
+    assert png.with_suffix(".pdf").is_file() == pdf
+    if pdf:
+        assert png.with_suffix(".pdf").stat().st_size > 1000
 
 
 PLOTTED = {"minibatch", "inner-loss", "scaling", "context", "token-index", "latency", "recall", "curves"}
@@ -109,7 +107,7 @@ def test_plots_of_a_scaling_sweep(scaling_sweep, tmp_path, kind):
 
 def test_plot_token_index_and_curves_of_run_folders(runs, tmp_path):
     plot("token-index", runs["ttt_linear"], runs["transformer"], out=tmp_path / "token-index")
-    plot("curves", runs["ttt_linear"], runs["transformer"], out=tmp_path / "curves")
+    plot("curves", runs["ttt_linear"], runs["transformer"], out=tmp_path / "curves", pdf=True)
     plot("curves", runs["runs"], out=tmp_path / "curves-of-a-folder")  # a folder of runs
 
 

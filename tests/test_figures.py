@@ -1,13 +1,12 @@
 """Figures from made-up registries: every figure is written as PNG and PDF and reads as the paper's do (one
 style per method, mean ± std over seeds, n-gram floors, y labels, legends outside the axes, b=T)."""
 
-import math
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.helpers import inner_losses, latency_bench, minibatch_registry, scaling_registry
 from ttt_bench.experiments import latency, minibatch, recall, scaling
 from ttt_bench.experiments.engine import plotting as P
 
@@ -15,152 +14,10 @@ FLOORS = {
     "pile": {"unigram": 28.1, "bigram": 11.9, "5-gram (Kneser-Ney)": 5.2},
     "books": {"unigram": 24.5, "bigram": 10.3, "5-gram (Kneser-Ney)": 4.1},
 }
-SIZES = ("xs", "s", "m")
-SEEDS = (0, 1, 2)
-CORPUS = {"pile": "pile-mini", "books": "books-mini"}
 
 
-def _run(rng, role, method, label, size, T, seed, flops, ppl, **extra) -> dict:
-    config = f"{role}-{method}-{size}-T{T}" + extra.pop("suffix", "")
-    return {
-        "run": f"{config}-s{seed}",
-        "config": config,
-        "seed": seed,
-        "sweep": "scaling",
-        "profile": "cpu",
-        "label": label,
-        "method": method,
-        "role": role,
-        "corpus": CORPUS[role],
-        "size": size,
-        "seq_len": T,
-        "status": "finished",
-        "total_train_flops": flops,
-        "val_ppl": ppl * float(np.exp(rng.normal(0, 0.04))),
-        "matched": None,
-        "reference": None,
-        **extra,
-    }
-
-
-def scaling_registry(sweep_dir=None, seed: int = 0) -> pd.DataFrame:
-    """Transformer and TTT-Linear (M) at 3 sizes x 3 seeds per panel, TF finetune on Books, Mamba at one
-    size only (a single point), matched-FLOPs runs at the largest size of Books 512, a failed run; with
-    `sweep_dir`, every run's token_index.csv."""
-    rng = np.random.default_rng(seed)
-    grid = (  # (method, label, FLOPs factor, perplexity at xs, drop per size); TF finetune on Books 512 only
-        ("transformer", "Transformer", 1.1, 30.0, 1.6),
-        ("ttt_linear_m", "TTT-Linear (M)", 0.8, 27.0, 1.65),
-        ("tf_finetune", "TF finetune", 1.2, 28.0, 1.6),
-    )
-    rows = []
-    for role, contexts in (("pile", (256,)), ("books", (128, 512))):
-        for T in contexts:
-            for i, size in enumerate(SIZES):
-                for method, label, f, ppl, drop in grid:
-                    if method != "tf_finetune" or (role, T) == ("books", 512):
-                        for s in SEEDS:
-                            rows.append(
-                                _run(rng, role, method, label, size, T, s, 4e11 * 6**i * f, ppl / drop**i)
-                            )
-            for s in SEEDS:
-                rows.append(_run(rng, role, "mamba", "Mamba", "m", T, s, 4e11 * 36 * 0.9, 11.0))
-    ref = "books-mamba-m-T512"
-    matched = (  # (method, label, T, flops, ppl, matched): the last is the pretraining of a matched finetune
-        ("transformer", "Transformer", 512, 1.3e13, 12.5, "depth"),
-        ("ttt_linear_m", "TTT-Linear (M)", 512, 1.3e13, 9.5, "width"),
-        ("transformer", "Transformer", 128, 1.0e13, 40.0, None),
-    )
-    for method, label, T, flops, ppl, by in matched:
-        for s in SEEDS:
-            extra = {"matched": by, "reference": ref} if by else {}
-            rows.append(_run(rng, "books", method, label, "m", T, s, flops, ppl, suffix="-matched", **extra))
-    rows.append(
-        {**rows[0], "run": "pile-x-failed", "config": "pile-x-failed", "status": "failed", "val_ppl": None}
-    )
-    reg = pd.DataFrame(rows)
-    if sweep_dir is not None:
-        t = np.arange(1, 513)
-        for r in reg.itertuples():
-            if r.status != "finished":
-                continue
-            floor = math.log(r.val_ppl) - 0.3
-            loss = floor + 2.6 * t**-0.45 + rng.normal(0, 0.15, len(t))
-            d = sweep_dir / r.run
-            d.mkdir(parents=True, exist_ok=True)
-            pd.DataFrame({"token_index": t, "loss": loss}).to_csv(d / "token_index.csv", index=False)
-    return reg
-
-
-def minibatch_registry(seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
-    rng = np.random.default_rng(seed)
-    bs = ["1", "2", "4", "8", "16", "32", "64", "T"]
-    paper = {"1": 10.97, "16": 11.09, "T": 12.60}
-    rows = [
-        {
-            "run": f"b{b}-s{s}",
-            "config": f"b{b}",
-            "seed": s,
-            "sweep": "minibatch",
-            "profile": "cpu",
-            "label": f"b={b}",
-            "mini_batch": b,
-            "paper_ppl": paper.get(b),
-            "status": "finished",
-            "val_ppl": (15.8 + 0.1 * i) * float(np.exp(rng.normal(0, 0.01))),
-            "seq_len": 128,
-            "role": "pile",
-            "corpus": "pile-mini",
-            "model": "ttt_linear",
-            "size": "xs",
-            "total_train_flops": 7e11,
-        }
-        for i, b in enumerate(bs)
-        for s in SEEDS
-    ]
-    timing = pd.DataFrame(
-        {
-            "mini_batch": [1, 2, 4, 8, 16, 32, 64, 1024],
-            "total_ms": [57.2, 33.4, 18.2, 11.5, 8.0, 6.4, 6.0, 38.1],
-            "w_ms": [40.3, 22.9, 12.2, 7.3, 4.7, 3.6, 2.9, 12.2],
-            "seq_len": 1024,
-        }
-    )
-    return pd.DataFrame(rows), timing
-
-
-def inner_losses() -> pd.DataFrame:
-    t = np.arange(1, 129)
-    return pd.concat(
-        pd.DataFrame(
-            {"layer": layer, "position": t, "w0": 40 - 0.05 * t, "prev": 10 - 0.02 * t, "now": 8 - 0.02 * t}
-        )
-        for layer in range(4)
-    )
-
-
-def latency_bench() -> pd.DataFrame:
-    rows = [
-        {
-            "model": m,
-            "context": c,
-            "phase": ph,
-            "batch": 1,
-            "device": "cpu",
-            "dtype": "float32",
-            "threads": 2,
-            "latency_ms_per_token": k * (c / 1024 if m == "transformer" and ph == "decode" else 1.0),
-        }
-        for ph, scale in (("prefill", 0.1), ("decode", 4.0))
-        for m, k0 in (("transformer", 1.0), ("mamba", 2.0), ("ttt_linear", 1.1), ("ttt_mlp", 1.6))
-        for c in (1024, 2048, 4096, 8192)
-        for k in (scale * k0,)
-    ]
-    return pd.DataFrame(rows)
-
-
-def _written(paths) -> None:
-    assert {p.suffix for p in paths} == {".png", ".pdf"}
+def _written(paths, pdf: bool = False) -> None:
+    assert {p.suffix for p in paths} == ({".png", ".pdf"} if pdf else {".png"})
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
 
 
@@ -336,8 +193,8 @@ def test_plot_cli_reads_the_sweeps_floors(tmp_path):
     assert read_drawn_floors(sweep)["pile"] == {"bigram": 11.9, "unigram": 28.1}  # the drawn ones
     assert read_drawn_floors(tmp_path) == {}
     assert read_drawn_floors(sweep, by_context=True)[("books", 512)] == {"bigram": 10.3, "unigram": 24.5}
-    plot.run(["token-index", str(sweep), "--out", str(tmp_path / "figs")])
-    _written([tmp_path / "figs" / "token_index.png", tmp_path / "figs" / "token_index.pdf"])
+    plot.run(["token-index", str(sweep), "--out", str(tmp_path / "figs"), "--pdf"])  # vector art too
+    _written([tmp_path / "figs" / "token_index.png", tmp_path / "figs" / "token_index.pdf"], pdf=True)
 
 
 def test_recall_panels_per_width_and_the_state_size_frontier(tmp_path):
@@ -364,4 +221,4 @@ def test_recall_panels_per_width_and_the_state_size_frontier(tmp_path):
     from ttt_bench.cli import plot
 
     plot.run(["recall", str(tmp_path / "sweep"), "--out", str(tmp_path / "figs")])
-    _written([tmp_path / "figs" / "recall.png", tmp_path / "figs" / "recall.pdf"])
+    _written(list((tmp_path / "figs").iterdir()))  # the PNG alone without --pdf

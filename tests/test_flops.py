@@ -84,12 +84,27 @@ LLAMA_VOCAB = 32000
 TF_FINETUNE = [(2048, 1.0), (32768, 0.2)]  # Chinchilla budget at Books 2k, then 20% more tokens at 32k
 
 
-def test_causal_attention_is_half_the_score_matrices():
-    """Token t attends to t positions: 2 d (T+1) FLOPs per token and layer for Q K^T and A V (forward)."""
-    tf = paper_model("transformer", 2048)
-    d, L = tf["d_model"], tf["n_layers"]
-    for T in (2048, 32768):
-        assert flops_per_token(tf, T, LLAMA_VOCAB)["sequence"] == L * 2 * d * (T + 1)
+@pytest.mark.parametrize("T", [16, 64])
+def test_causal_attention_costs_what_each_token_attends_to(T, one_thread):
+    """flops.py's attention term per layer is what FlopCounterMode counts for causal attention computed over
+    each query's prefix only (the same outputs as SDPA with is_causal): Q K^T and A V over the t + 1 positions
+    token t attends to, 2 d (T+1) per token on average. SDPA's math backend computes the full T x T products
+    and then masks, 4 d T per token (what test_train_flops_match_flop_counter adds back)."""
+    cfg = model_cfg(["model=transformer"], T)
+    d, L, H = cfg["d_model"], cfg["n_layers"], cfg["block"]["n_heads"]
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, H, T, d // H).unbind(0)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with sdpa_kernel(SDPBackend.MATH):
+        with FlopCounterMode(display=False) as prefixes:
+            rows = [sdpa(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1]) for t in range(T)]
+        with FlopCounterMode(display=False) as masked:
+            causal = sdpa(q, k, v, is_causal=True)
+    torch.testing.assert_close(torch.cat(rows, dim=2), causal)
+    tokens = 2 * T  # a batch of 2
+    assert prefixes.get_total_flops() == tokens * flops_per_token(cfg, T, VOCAB)["sequence"] / L
+    assert prefixes.get_total_flops() == tokens * 2 * d * (T + 1)
+    assert masked.get_total_flops() == tokens * 4 * d * T
 
 
 @pytest.mark.parametrize("context", [2048, 32768])

@@ -16,11 +16,12 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from ttt_bench.cli.main import main  # noqa: E402
 
+from tests.conftest import TINY  # noqa: E402
+
 # A tiny language-model run: 2 steps of 4 sequences of 32 bytes on a small synthetic corpus.
-TINY = ["size=xs", "data=synthetic", "data.corpus.train_docs=4", "data.corpus.validation_docs=2",
-        "data.corpus.mean_doc_bytes=1500", "data.seq_len=32", "data.micro_batch_size=4",
-        "recipe.tokens_per_batch=128", "data.num_proc=1", "data.val_tokens=128", "trainer.max_steps=2",
-        "trainer.enable_progress_bar=false"]
+RUN = [*TINY, "size=xs", "data=synthetic", "data.corpus.train_docs=4", "data.corpus.validation_docs=2",
+       "data.corpus.mean_doc_bytes=1500", "data.seq_len=32", "recipe.tokens_per_batch=128",
+       "data.val_tokens=128", "trainer.max_steps=2"]
 
 # Values for anything: numbers at and past every edge, and text a shell can pass.
 ANY = st.one_of(
@@ -64,7 +65,7 @@ def text(value) -> str:
 def world(tmp_path_factory):
     """A finished run (checkpoint, metrics) that no fuzzed command may change, and a folder for outputs."""
     root = tmp_path_factory.mktemp("fuzz")
-    main(["train", *TINY, f"paths.runs={root / 'existing'}", f"paths.cache={root / 'cache'}"])
+    main(["train", *RUN, f"paths.runs={root / 'existing'}", f"paths.cache={root / 'cache'}"])
     (ckpt,) = (root / "existing").rglob("last.ckpt")
     return {"root": root, "ckpt": ckpt, "run": ckpt.parent.parent}
 
@@ -101,7 +102,7 @@ FUZZ = settings(max_examples=8, deadline=None, derandomize=True, database=None,
        .flatmap(lambda keys: st.fixed_dictionaries({k: TRAIN_KEYS[k] for k in keys})))
 def test_train_with_generated_config_values(world, capsys, values):
     runs = world["root"] / "train-runs"
-    check(world, capsys, ["train", *TINY, *[f"{k}={text(v)}" for k, v in values.items()],
+    check(world, capsys, ["train", *RUN, *[f"{k}={text(v)}" for k, v in values.items()],
                           f"paths.runs={runs}", f"paths.cache={world['root'] / 'cache'}"])
 
 

@@ -1,9 +1,8 @@
-"""Mamba LM: config, sizes, mamba-ssm parameter layout and init, backends, decoding with a cache."""
+"""Mamba LM: config, sizes, mamba-ssm parameter layout and init, backends (decoding: tests/test_models.py)."""
 
 import copy
 import logging
 
-import hydra
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,13 +20,12 @@ def _lm(d_model=32, n_layers=2, vocab=61, **kw):
     return LanguageModel(vocab, d_model, n_layers, factory)
 
 
-@pytest.mark.parametrize("size,nominal", [("125m", 130e6), ("350m", 370e6), ("760m", 790e6), ("1.3b", 1.4e9)])
-def test_paper_sizes(size, nominal):
+@pytest.mark.parametrize("size", ["125m", "350m", "760m", "1.3b"])
+def test_paper_sizes_have_twice_the_transformers_blocks(size):
+    """Mamba blocks have no MLP: twice the layers at the same width (their parameter counts are checked with
+    every model's in tests/test_models.py)."""
     cfg = compose("train", ["model=mamba", f"size={size}"])
     assert cfg.model.n_layers == 2 * compose("train", [f"size={size}"]).size.n_layers
-    with torch.device("meta"):
-        model = hydra.utils.instantiate(cfg.model, vocab_size=50277)
-    assert abs(model.num_params(non_embedding=False) / nominal - 1) < 0.1
 
 
 def test_parameter_names_and_shapes_match_mamba_ssm():
@@ -48,21 +46,6 @@ def test_init_as_mamba_ssm_after_lm_init():
     dt = F.softplus(mixer.dt_proj.bias)
     assert dt.min() >= 1e-3 * 0.999 and dt.max() <= 0.1 * 1.001
     assert mixer.dt_proj.weight.abs().max() <= 4**-0.5
-
-
-@pytest.mark.parametrize("backend", ["torch", pytest.param("cpu", marks=pytest.mark.skipif(
-    not scan_cpu.available(), reason="the C++ kernel does not build here"))])
-def test_decoding_matches_full_forward(backend):
-    torch.manual_seed(0)
-    model = _lm(n_layers=3, chunk_size=4, backend=backend).double().eval()
-    ids = torch.randint(0, 61, (2, 13))
-    with torch.no_grad():
-        full = model(ids)
-        caches = model.init_caches(2)
-        pieces = [model(ids[:, :5], caches)]  # prefill, then single tokens, then a few at once
-        pieces += [model(ids[:, t:t + 1], caches) for t in range(5, 9)]
-        pieces.append(model(ids[:, 9:], caches))
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
 def test_a_few_steps_reduce_the_loss():

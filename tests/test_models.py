@@ -14,15 +14,18 @@ MODELS = sorted(
     for p in (Path(__file__).resolve().parents[1] / "conf" / "model").glob("*.yaml")
     if not p.stem.startswith(("mttt_", "vit_"))
 )
-NOMINAL = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}
-# Table 3 "reproduces Table 12 of the Mamba paper", whose counts use a GPT-NeoX-sized vocabulary.
+# The targets: the parameter counts of the paper's four sizes (TTT paper, Table 3, as conf/size/*.yaml quote
+# it: 125M, 350M, 760M, 1.3B). Table 3 "reproduces Table 12 of the Mamba paper", whose counts include the
+# embedding of a GPT-NeoX-sized vocabulary (PAPER_VOCAB). Every language model at every size is within
+# PARAMS_TOLERANCE of its size's target; Mamba is the farthest (+6.1% at 350m: its own checkpoints are named
+# by their counts, 130M/370M/790M/1.4B, conf/model/mamba.yaml), the TTT models within 5%.
+PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}
+PARAMS_TOLERANCE = 0.07
 PAPER_VOCAB = 50277
 
 
-def tiny_model(name: str, **overrides) -> torch.nn.Module:
-    cfg = compose(
-        "train", [f"model={name}", "size=xs", "data.seq_len=64", *[f"{k}={v}" for k, v in overrides.items()]]
-    )
+def tiny_model(name: str, *overrides: str) -> torch.nn.Module:
+    cfg = compose("train", [f"model={name}", "size=xs", "data.seq_len=64", *overrides])
     torch.manual_seed(0)
     return instantiate(cfg.model, vocab_size=97).double().eval()
 
@@ -39,15 +42,40 @@ def test_causal(name):
     assert not torch.allclose(a[:, 23:], b[:, 23:])
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_decode_matches_full_forward(name):
-    """Prefill a prompt, then decode token by token from the cache: same logits as one forward pass."""
-    model = tiny_model(name)
+# Every model config, and the variants whose decoding takes another path: the TTT learners on the other
+# backbone, linear attention's two feature maps with RoPE, Mamba's chunked PyTorch scan (the default, `auto`,
+# runs the C++ scan kernel where it builds). The TTT models' mini-batches (b = 16) end at tokens 16 and 32.
+DECODERS = {
+    **{name: [] for name in MODELS},
+    "ttt_linear-transformer_backbone": ["model.block.backbone=transformer"],
+    "ttt_mlp-transformer_backbone": ["model.block.backbone=transformer"],
+    "ttt_kernel-b16": ["model.block.mini_batch_size=16"],
+    "ttt_kernel-mamba_backbone-b16": ["model.block.backbone=mamba", "model.block.mini_batch_size=16"],
+    "linear_attention-rope": ["model.block.rope=true"],
+    "linear_attention-katharopoulos-rope": ["model.block.variant=katharopoulos", "model.block.rope=true"],
+    "mamba-torch_scan": ["model.block.backend=torch", "model.block.chunk_size=4"],
+}
+
+
+@pytest.mark.parametrize("prompt,grad", [(16, True), (19, False)], ids=["16-grad", "19-no_grad"])
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_decode_matches_full_forward(decoder, prompt, grad):
+    """Prefill a prompt (at a mini-batch's end, or inside one), then decode token by token from the cache,
+    then a chunk of 8 tokens across a mini-batch boundary: the same logits as one forward pass, two layers
+    deep, with autograd recording and without (the inference paths). Norm weights, biases and offsets are
+    moved off their init, so that no term hides behind a zero or a one."""
+    model = tiny_model(decoder.split("-")[0], "size.n_layers=2", *DECODERS[decoder])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() < 2 or "norm" in name or "b1" in name or "lr_bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
     x = torch.randint(0, 97, (2, 37))
-    full = model(x)
-    caches = model.init_caches(2)
-    steps = [model(x[:, :19], caches)] + [model(x[:, t : t + 1], caches) for t in range(19, 37)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-7, atol=1e-9)
+    with torch.set_grad_enabled(grad):
+        full = model(x)
+        caches = model.init_caches(2)
+        steps = [model(x[:, :prompt], caches)] + [model(x[:, t : t + 1], caches) for t in range(prompt, 29)]
+        steps.append(model(x[:, 29:], caches))
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("max_len,grows_at,capacity", [(37, [], 37), (8, [9, 17, 33], 64),
@@ -86,14 +114,14 @@ def test_transformer_decodes_in_place_into_its_preallocated_kv_cache(max_len, gr
     assert any(mask is not None for queries, mask in masks if queries == 4)
 
 
-@pytest.mark.parametrize("size", list(NOMINAL))
-@pytest.mark.parametrize("name", [m for m in MODELS if m != "linear_attention"])
+@pytest.mark.parametrize("size", list(PAPER_PARAMS))
+@pytest.mark.parametrize("name", MODELS)
 def test_paper_sizes_have_nominal_parameter_counts(name, size):
     cfg = compose("train", [f"model={name}", f"size={size}", "data.seq_len=2048"])
     with torch.device("meta"):
         model = instantiate(cfg.model, vocab_size=PAPER_VOCAB)
-    n = sum(p.numel() for p in model.parameters())
-    assert abs(n / NOMINAL[size] - 1) <= 0.10, f"{name} {size}: {n / 1e6:.1f}M parameters"
+    n = model.num_params(non_embedding=False)
+    assert abs(n / PAPER_PARAMS[size] - 1) <= PARAMS_TOLERANCE, f"{name} {size}: {n / 1e6:.1f}M parameters"
 
 
 def test_cpu_ladder_spans_16x():

@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
-from ttt_bench.cli.main import main
 
+from tests.conftest import TINY
+from tests.helpers import run_cli
 from ttt_bench.training.checkpoint import load_checkpoint
 
 # Every language model of conf/model/ (the vit_* and mttt_* models are image classifiers, tests/test_mttt.py),
@@ -24,18 +25,10 @@ LANGUAGE_MODELS = {
 }
 # 30 steps of 4 sequences of 32 byte tokens at size=xs, 2 layers: about a second of training per model.
 STEPS = 30
-BF16_RUN = ["size=xs", "size.n_layers=2", "data.corpus.train_docs=8", "data.corpus.validation_docs=2",
-            "data.corpus.mean_doc_bytes=4000", "data.seq_len=32", "data.micro_batch_size=4",
-            "recipe.tokens_per_batch=128", "data.num_proc=1", "data.val_tokens=256",
+BF16_RUN = [*TINY, "size=xs", "size.n_layers=2", "data.corpus.train_docs=8", "data.corpus.validation_docs=2",
+            "data.seq_len=32", "recipe.tokens_per_batch=128", "data.val_tokens=256",
             f"trainer.max_steps={STEPS}", "eval_every_n_steps=1000", "checkpoint_every_n_steps=1000",
-            "trainer.precision=bf16-mixed", "trainer.enable_progress_bar=false"]
-
-
-def run_cli(*args: str) -> None:
-    try:
-        main(list(args))
-    except SystemExit as e:
-        assert e.code in (0, None), f"ttt-bench {' '.join(args)} exited with {e.code}"
+            "trainer.precision=bf16-mixed"]
 
 
 @pytest.mark.parametrize("name", list(LANGUAGE_MODELS))

@@ -3,7 +3,7 @@ code. The commands are read from the pages' bash blocks; each runs in-process wi
 few training steps, a few tokens); placeholders (`runs/<run>/...`, the quickstart's run folders, sweep
 folders, CSVs) become files this module makes. Commands that need a GPU or a cluster are listed in GPU_ONLY,
 and those of several processes in TESTED_ELSEWHERE (both must still be in the README); `ablate` runs with
---plan (the smoke sweeps themselves run end to end in test_experiments.py::test_reproduce_smoke). The
+--plan (the smoke sweeps themselves run end to end in test_engine_runner.py::test_reproduce_smoke). The
 README's links resolve, its combined verdict counts are results/REPORT.md's, and it stays a short page."""
 
 import re
@@ -13,9 +13,8 @@ import pandas as pd
 import pytest
 from ttt_bench.cli.main import main
 
-from tests.conftest import DATA_DIR, REPO, TINY
-from tests.test_bench import TINY as BENCH_TINY
-from tests.test_figures import inner_losses, latency_bench, minibatch_registry, scaling_registry
+from tests.conftest import BENCH_TINY, DATA_DIR, REPO, TINY, TINY_BATCH, TINY_IMAGE_BUDGET
+from tests.helpers import commands_in, inner_losses, latency_bench, minibatch_registry, scaling_registry
 
 # Commands of several processes, run by the test named (an in-process call cannot start the other ranks).
 TESTED_ELSEWHERE = {
@@ -39,26 +38,14 @@ def readme_commands(page: str = "README.md") -> list[str]:
     return commands_in((REPO / page).read_text())
 
 
-def commands_in(markdown: str) -> list[str]:
-    """The `ttt-bench ...` lines of the bash blocks of a piece of markdown."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", markdown, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.split(r"\s+#", line)[0].strip()
-            line = re.sub(r"^([A-Z_]+=\S+\s+)+", "", line)  # environment settings before the command
-            if line.startswith("ttt-bench "):
-                commands.append(" ".join(line.split()))
-    return commands
-
-
 README_COMMANDS = readme_commands()
 COMMANDS = list(dict.fromkeys(c for page in PAGES for c in readme_commands(page)))  # each command once
 # Overrides of a train or eval command that become tiny: (key, tiny value); None drops the key.
 TINY_TRAIN = {"size": "xs", "data.seq_len": "64", "trainer.max_steps": "2"}
-TINY_IMAGES = ["recipe.total_images=64", "recipe.batch_size=32", "data.micro_batch_size=32",
-               "data.val_examples=64", "data.test_examples=64", "trainer.enable_progress_bar=false"]
-TINY_TEXT_DATA = ["data.micro_batch_size=4", "recipe.tokens_per_batch=256", "data.val_tokens=512",
-                  "data.num_proc=1", "trainer.enable_progress_bar=false"]
+# An image command: the tiny image run's budget at two steps; a text command on real data: the tiny run's
+# batch geometry (its synthetic corpus is for data=synthetic) at 256 tokens a step.
+TINY_IMAGES = [*TINY_IMAGE_BUDGET, "recipe.total_images=64", "data.val_examples=64", "data.test_examples=64"]
+TINY_TEXT_DATA = [*TINY_BATCH, "recipe.tokens_per_batch=256", "data.val_tokens=512"]
 
 
 @pytest.fixture(scope="module")

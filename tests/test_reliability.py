@@ -14,6 +14,7 @@ import zstandard
 from omegaconf import OmegaConf
 from ttt_bench.cli.main import main
 
+from tests.conftest import TINY
 from ttt_bench.config import compose
 from ttt_bench.data import LMDataModule, SyntheticCorpus
 from ttt_bench.data.token_cache import cache_key, load_tokens
@@ -23,11 +24,8 @@ from ttt_bench.training.module import LitLM
 from ttt_bench.training.run_folder import locked
 
 # 8 steps of 8 sequences of 64 tokens (2 micro-batches of 4 accumulated), a checkpoint every step.
-RUN = ["size=xs", "data.corpus.train_docs=20", "data.corpus.validation_docs=4",
-       "data.corpus.mean_doc_bytes=4000", "data.seq_len=64", "data.micro_batch_size=4",
-       "recipe.tokens_per_batch=512", "data.num_proc=1", "data.val_tokens=512", "trainer.max_steps=8",
-       "checkpoint_every_n_steps=1", "eval_every_n_steps=1000", "trainer.deterministic=true",
-       "trainer.enable_progress_bar=false"]
+RUN = [*TINY, "size=xs", "data.corpus.train_docs=20", "data.val_tokens=512", "trainer.max_steps=8",
+       "checkpoint_every_n_steps=1", "eval_every_n_steps=1000", "trainer.deterministic=true"]
 
 
 def train_in_process(*overrides: str) -> None:

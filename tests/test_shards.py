@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_data import write_shard
-from tests.test_train import find_run, run_cli
+from tests.helpers import find_run, run_cli, write_shard
 from ttt_bench.data import LMDataModule, LocalCorpus, SyntheticCorpus
 from ttt_bench.data.datamodule import PackedSequences, ShardedSequences
 from ttt_bench.data.synthetic import SyntheticLanguage, generate_document

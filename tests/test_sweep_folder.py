@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.conftest import SWEEP_RUN
+from tests.helpers import two_runs
 from ttt_bench.config import compose
 from ttt_bench.errors import UserError
 from ttt_bench.experiments.engine import runner
@@ -18,9 +20,7 @@ from ttt_bench.experiments.engine.plan import configuration
 from ttt_bench.experiments.engine.runner import Stage, train_stage
 from ttt_bench.experiments.engine.sweep_folder import claimed, data_fingerprint
 
-from .test_experiments import TINY
-
-TF = [*TINY, "model=transformer"]
+TF = [*SWEEP_RUN, "model=transformer"]
 
 
 def stamps(folder: Path) -> dict[str, int]:
@@ -43,26 +43,17 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(folder, tmp_path / "sweep"))
 
 
-def planned(*extra: str) -> dict:
-    return {n: configuration(n, [*TF, f"seed={i}", *extra], "Transformer") for i, n in enumerate(("a", "b"))}
-
-
-def two_runs() -> dict:
-    """The finished fixture's plan (tests/faults.py trains it in a process it kills)."""
-    return planned()
-
-
 def test_a_trial_override_on_a_finished_folder_is_refused_and_deletes_nothing(finished, tmp_path):
     """(a) The README's trial form (trainer.max_steps=2) on a finished folder: refused in one line naming the
     runs and the key, nothing trained or written; --replace moves the old runs aside and trains them again."""
     out = copy_of(finished, tmp_path)
     before = stamps(out)
     with pytest.raises(UserError) as e:
-        train_stage("table1", "smoke", Stage("t", planned("trainer.max_steps=1")), out)
+        train_stage("table1", "smoke", Stage("t", two_runs("trainer.max_steps=1")), out)
     assert "a, b" in str(e.value) and "trainer.max_steps: 2 -> 1" in str(e.value)
     assert "--replace" in str(e.value)
     assert stamps(out) == before
-    again = Stage("t", planned("trainer.max_steps=1"))
+    again = Stage("t", two_runs("trainer.max_steps=1"))
     reg = train_stage("table1", "smoke", again, out, replace=True).registry
     assert set(reg["status"]) == {"finished"}
     aside, = (out / "replaced").iterdir()
@@ -77,13 +68,13 @@ def test_another_corpus_under_the_same_names_is_refused(finished, tmp_path, monk
     out = copy_of(finished, tmp_path)
     before = stamps(out)
     with pytest.raises(UserError, match="data.corpus.train_docs"):
-        train_stage("table1", "smoke", Stage("t", planned("data.corpus.train_docs=30")), out)
+        train_stage("table1", "smoke", Stage("t", two_runs("data.corpus.train_docs=30")), out)
     record = out / "a" / "run.json"
     run = json.loads(record.read_text())
     record.write_text(json.dumps({**run, "data_fingerprint": "another-corpus"}))
     monkeypatch.setattr(runner, "data_fingerprint", lambda cfg: "this-corpus")  # real files: the next test
     with pytest.raises(UserError, match="the data's content"):
-        train_stage("table1", "smoke", Stage("t", planned()), out)
+        train_stage("table1", "smoke", Stage("t", two_runs()), out)
     assert stamps(out).keys() == before.keys()
 
 
@@ -114,13 +105,13 @@ def test_a_folder_of_another_sweep_or_of_results_is_refused(finished, tmp_path):
     out = copy_of(finished, tmp_path)
     before = stamps(out)
     with pytest.raises(UserError, match="sweep folder of 'table1', not of 'longrange'"):
-        train_stage("longrange", "smoke", Stage("t", planned()), out)
+        train_stage("longrange", "smoke", Stage("t", two_runs()), out)
     assert stamps(out) == before
     results = tmp_path / "results"
     results.mkdir()
     (results / "registry.csv").write_text("run,status\na,finished\n")
     with pytest.raises(UserError, match="not a sweep folder"):
-        train_stage("table1", "smoke", Stage("t", planned()), results)
+        train_stage("table1", "smoke", Stage("t", two_runs()), results)
     assert (results / "registry.csv").read_text() == "run,status\na,finished\n"
 
 
@@ -141,7 +132,7 @@ def test_a_second_sweep_on_a_folder_in_use_is_refused_and_rewrites_nothing(finis
     holding.wait(30)
     try:  # flock locks are per open file: a second open in this process is refused as another process's
         with pytest.raises(UserError, match=f"in use by process {os.getpid()}"):
-            train_stage("table1", "smoke", Stage("t", planned("trainer.max_steps=1")), out)
+            train_stage("table1", "smoke", Stage("t", two_runs("trainer.max_steps=1")), out)
     finally:
         release.set()
         t.join()
@@ -216,7 +207,7 @@ def test_a_sweep_composes_each_runs_config_once_and_its_jobs_compose_none(tmp_pa
 
     monkeypatch.setattr(runner, "run_one", job)
     monkeypatch.setattr(runner, "train", kept)
-    runs = planned()
+    runs = two_runs()
     assert set(train_stage("table1", "smoke", Stage("t", runs), tmp_path).registry["status"]) == {"finished"}
     assert sorted(composed) == sorted(("planner", "train", tuple(r.overrides)) for r in runs.values())
     assert [c for c in loaded if c[1] == "train"] == [("planner", "train")] * len(runs)
@@ -240,7 +231,7 @@ def test_a_job_in_another_process_trains_the_config_the_planner_wrote(tmp_path, 
 
     monkeypatch.setattr(runner, "write_run", one_step)
     launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    reg = train_stage("table1", "smoke", Stage("t", planned()), tmp_path, launcher).registry
+    reg = train_stage("table1", "smoke", Stage("t", two_runs()), tmp_path, launcher).registry
     assert set(reg["status"]) == {"finished"}
     for name in ("a", "b"):
         assert json.loads((tmp_path / name / "metrics.json").read_text())["steps"] == 1

@@ -2,48 +2,19 @@
 paper's Llama tokenizer from a local tokenizer.json (`data.tokenizer.path`), a one-line error that names that
 fix when a hub tokenizer is neither cached nor reachable (HF_HUB_OFFLINE respected: the hub is not asked)."""
 
-import socket
-
 import huggingface_hub
 import pytest
 from huggingface_hub.utils import LocalEntryNotFoundError
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 from ttt_bench.cli.main import main
 
 from tests.conftest import TINY
-from tests.test_bad_inputs import cli_error
+from tests.helpers import cli_error
 from ttt_bench.data.tokenizers import from_spec
 from ttt_bench.errors import UserError
 from ttt_bench.training.checkpoint import load_checkpoint
 
 NOT_CACHED = "ttt-bench-tests/no-such-tokenizer"
-
-
-@pytest.fixture
-def tokenizer_dir(tmp_path):
-    """A folder holding the tokenizer.json of a tiny byte-level BPE with an end-of-text token."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["Zepibi holds the code 4417 to the vault."] * 20, trainer=trainer)
-    folder = tmp_path / "llama-tokenizer"
-    folder.mkdir()
-    tok.save(str(folder / "tokenizer.json"))
-    return folder
-
-
-@pytest.fixture
-def no_hub(monkeypatch):
-    """HF_HUB_OFFLINE=1, and any attempt to open a connection fails the test."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def connect(*args, **kwargs):
-        raise AssertionError("the network was used although HF_HUB_OFFLINE is set")
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    monkeypatch.setattr(socket, "create_connection", connect)
 
 
 @pytest.mark.parametrize("where", ["folder", "file"])

@@ -5,28 +5,15 @@ import json
 from pathlib import Path
 
 import pytest
-from ttt_bench.cli.main import main
 
-from tests.conftest import TINY
+from tests.conftest import TINY, TINY_BATCH
+from tests.helpers import find_run, run_cli
 from ttt_bench.training.module import warmup_cosine
-
-
-def run_cli(*args):
-    try:
-        main(list(args))
-    except SystemExit as e:
-        assert e.code in (0, None), f"ttt-bench {' '.join(args)} exited with {e.code}"
 
 
 def train_losses(run_dir: Path) -> list[float]:
     with open(run_dir / "metrics.csv") as f:
         return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
-
-
-def find_run(root: str, *parts: str) -> Path:
-    runs = [p.parent for p in Path(root).rglob("metrics.json") if all(s in str(p) for s in parts)]
-    assert len(runs) == 1, runs
-    return runs[0]
 
 
 def test_warmup_cosine_schedule():
@@ -82,7 +69,7 @@ def test_train_on_pile_mini(shared_data, tmp_path, monkeypatch):
         "data=pile",
         f"paths.data_dir={shared_data}",
         "data.corpus.max_documents=60",
-        *TINY[3:],
+        *TINY_BATCH,
         "trainer.max_steps=30",
         "eval_every_n_steps=30",
         "trainer.log_every_n_steps=1",

@@ -1,32 +1,35 @@
 """The GPU campaign (`make gpu-campaign`, issue 33): four stages, each resumable, into one
-folder (`--out`, default results/gpu/) with a markdown summary.
+folder (`--out`, default results/gpu/) with a markdown summary; each stage's files go to its own folder there
+(FOLDERS: check/, speed/ for the bench stage, train/, figure3/; the queue's queue/).
 
   check  `ttt-bench doctor`; the CUDA test subset (pytest -k "triton or kernel or cuda" over test_kernels,
          test_kernel_check, test_ttt_layer, in a subprocess); the Triton TTT-Linear kernels (dual form in
          ieee and tf32 matmuls, and the decode kernel) against the PyTorch implementations run in float64, at
          head sizes 16, 32, 64, 128: outputs and gradients of every input, each as its largest error over
          the largest reference entry, within kernel_check.TOLERANCE (ieee, decode) or TF32_TOLERANCE (tf32)
-         -> check.csv, doctor.txt, pytest.txt
-  bench  `ttt-bench bench forms` (TTT-Linear fwd+bwd: primal, dual, dual-fused, Triton at the 125m width)
-         -> bench_forms.csv; `ttt-bench bench models` at 125m in bf16, prefill and decode latency per token at
-         1k-16k for transformer (SDPA), ttt_linear, ttt_mlp, mamba -> bench_models_125m.csv; the same at 1.3b,
-         prefill only at 1k, 4k, 16k (Figure 3) -> bench_prefill_1.3b.csv
+         -> check/: check.csv, doctor.txt, pytest.txt
+  bench  speed/: `ttt-bench bench forms` (TTT-Linear fwd+bwd: primal, dual, dual-fused, Triton at the 125m
+         width) -> bench_forms.csv; `ttt-bench bench models` at 125m in bf16, prefill and decode latency per
+         token at 1k-16k for transformer (SDPA), ttt_linear, ttt_mlp, mamba -> bench_models_125m.csv; the same
+         at 1.3b, prefill only at 1k, 4k, 16k (Figure 3) -> bench_prefill_1.3b.csv
   train  `ttt-bench train trainer=gpu` (bf16-mixed) of each model at 125m on the synthetic corpus (no files
          needed), 20 steps of 16k tokens, one process per model: first/last losses, whether the loss fell, no
          non-finite loss and no skipped step, tokens/s and peak memory (torch.cuda.max_memory_allocated)
-         -> train.csv (run folders, with their checkpoints, stay in --work, not in --out)
+         -> train/: train.csv, logs/train_<model>.log (run folders, with their checkpoints, stay in --work,
+         not in --out)
   figure3 Figure 3 / 15 at the paper's settings: `ttt-bench bench models` at 1.3b, prefill at batch 16 from 1k
          to 16k and at 32k, then 16k and 32k at batch 8; decode steps at 125m, batch 512, 1k and 2k
-         -> bench_prefill_1.3b_b16.csv, bench_prefill_1.3b_b16_32k.csv, bench_prefill_1.3b_b8_32k.csv,
-         bench_decode_125m_b512.csv
+         -> figure3/: bench_prefill_1.3b_b16.csv, bench_prefill_1.3b_b16_32k.csv,
+         bench_prefill_1.3b_b8_32k.csv, bench_decode_125m_b512.csv
 
 Measured on one H200 (results/gpu/RUN.md): check 38 s, bench 161 s, train 144 s, figure3 121 s; each
 stage fits a lease of 15 minutes of device time, start and install included.
 
-A stage whose outputs exist with its marker (`<out>/<stage>.done`) is skipped unless --force; every file is
-written atomically (io.write_atomic), so a stage cut off keeps the stages before it. SUMMARY.md is rebuilt
-from the finished stages' sections (<out>/sections/<stage>.md): the machine (GPU model, driver, torch,
-CUDA, Triton), each command with its wall time, and the key numbers.
+A stage whose outputs exist with its marker (`<out>/<folder>/<stage>.done`) is skipped unless --force; every
+file is written atomically (io.write_atomic), so a stage cut off keeps the stages before it. SUMMARY.md is
+rebuilt from the finished stages' sections (<out>/sections/<stage>.md): the machine (GPU model, driver, torch,
+CUDA, Triton; <out>/machine.json), each command with its wall time, and the key numbers. SUMMARY.md,
+machine.json and sections/ stay at the top of --out, beside the gpu profile's step folders.
 
 --dry runs every stage on the CPU in tiny form (size xs, short contexts, a few steps, the Triton interpreter
 for the kernels, --device cpu), writing the same files: what `make test` runs (tests/test_campaign.py).
@@ -38,13 +41,14 @@ ttt_bench.reproduce --profile gpu --steps STEP` for at most --train-s seconds (3
 process group (every run checkpoints at its next optimizer step and stops; SIGKILL to what is left --grace-s
 later), then, unless it finished, the same with --no-train (100 s at most), so the step folder
 `<out>/<step>/` holds every run finished so far, measured where their checkpoints are; a row in
-`<out>/queue.csv`. With --pack DIR ($OUT on a lease) it writes there `<item>-results.tgz` (the step folder
-and the reports), `<item>-runs.tgz` (the run folders without checkpoints) and `<item>-ckpt-<k>.tgz` (the
-last checkpoint of each unfinished run, most advanced first, within the item's budget), which `--unpack DIR`
-here puts in place: the step folder into results/gpu, the checkpoints into .gpuruns/, which the next call
-carries and restores with --resume .gpuruns. The committed registry restores the finished runs, so the same
-command trains only what is missing. `--item list` prints the queue and the state of each item; `--prepare
-NAME` copies the corpora an item reads into .gpudata/.
+`<out>/queue/queue.csv` (the call's log, `<item>.log`, beside it, or in the --pack folder). With --pack DIR
+($OUT on a lease) it writes there `<item>-results.tgz` (the step folder and the reports), `<item>-runs.tgz`
+(the run folders without checkpoints) and `<item>-ckpt-<k>.tgz` (the last checkpoint of each unfinished run,
+most advanced first, within the item's budget), which `--unpack DIR` here puts in place: the step folder into
+results/gpu, the checkpoints into .gpuruns/, which the next call carries and restores with --resume
+.gpuruns. The committed registry restores the finished runs, so the same command trains only what is missing.
+`--item list` prints the queue and the state of each item; `--prepare NAME` copies the corpora an item reads
+into .gpudata/.
 """
 
 import argparse
@@ -67,9 +71,15 @@ from pathlib import Path
 STAGES = ("check", "bench", "train", "figure3")
 MODELS = ("transformer", "ttt_linear", "ttt_mlp", "mamba")
 HEAD_SIZES = (16, 32, 64, 128)
-PYTEST_K = "triton or kernel or cuda"
-PYTEST_FILES = ("tests/test_kernels.py", "tests/test_kernel_check.py", "tests/test_ttt_layer.py")
+PYTEST_K = "triton or kernel or cuda or fla"
+PYTEST_FILES = ("tests/test_kernels.py", "tests/test_kernel_check.py", "tests/test_ttt_layer.py",
+                "tests/test_kernel_prefill.py", "tests/test_kernel_ttt_mlp.py",
+                "tests/test_kernel_ttt_mlp_layer.py", "tests/test_fla_parity.py")
 REPO = Path(__file__).resolve().parent.parent
+# Where each stage writes under --out (issue 51): a folder per thing measured (the bench stage: speed). The
+# top of --out keeps what spans the stages (SUMMARY.md, machine.json, sections/) and the gpu profile's step
+# folders, REPORT.md and claims.csv, which reproduce writes and reads (<out>/<step>/).
+FOLDERS = {"check": "check", "bench": "speed", "train": "train", "figure3": "figure3", "queue": "queue"}
 
 # The `ttt-bench bench` arguments of each bench stage's parts: (real, dry).
 F3 = ["--models", "transformer,ttt_linear"]
@@ -111,6 +121,7 @@ BENCH = {
     },
 }
 BENCH_OUT = {part: f"bench_{part}.csv" for parts in BENCH.values() for part in parts}
+# Each stage's files, in its folder (stage_dir).
 OUTPUTS = {"check": ["check.csv", "doctor.txt", "pytest.txt"], "train": ["train.csv"],
            **{stage: [BENCH_OUT[part] for part in parts] for stage, parts in BENCH.items()}}
 
@@ -137,6 +148,11 @@ PEAK_WRAPPER = (
     "from ttt_bench.cli.main import main\n"
     "main(['train', *sys.argv[1:]])\n"
 )
+
+
+def stage_dir(out: Path, stage: str) -> Path:
+    """The folder of a stage's files and its `<stage>.done` marker under --out (FOLDERS)."""
+    return out / FOLDERS[stage]
 
 
 def write(path: Path, text: str) -> None:
@@ -174,6 +190,7 @@ class Stage:
 
     def __init__(self, name: str, out: Path, dry: bool):
         self.name, self.out, self.dry = name, out, dry
+        self.dir = stage_dir(out, name)  # the stage's files; sections/ and SUMMARY.md stay in out
         self.commands: list[tuple[str, float, str]] = []
         self.numbers: list[str] = []
         self.start = time.perf_counter()
@@ -213,7 +230,7 @@ class Stage:
         lines += [f"| `{c}` | {s:.1f} | {st} |" for c, s, st in self.commands]
         lines += ["", *[f"- {n}" for n in self.numbers], ""]
         write(self.out / "sections" / f"{self.name}.md", "\n".join(lines))
-        write(self.out / f"{self.name}.done", json.dumps({"finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        write(self.dir / f"{self.name}.done", json.dumps({"finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                                                           "wall_s": round(wall, 1), "dry": self.dry}) + "\n")
 
 
@@ -266,11 +283,11 @@ def stage_check(st: Stage) -> None:
     from ttt_bench import doctor
 
     doc = st.timed("ttt-bench doctor", doctor.report)
-    write(st.out / "doctor.txt", "\n".join(doc) + "\n")
+    write(st.dir / "doctor.txt", "\n".join(doc) + "\n")
     files = PYTEST_FILES if not st.dry else ("tests/test_kernel_check.py",)  # dry: one file, the same -k
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "-k", PYTEST_K]
     done = st.run(argv, shown=shlex.join(["pytest", "-q", *files, "-k", PYTEST_K]))
-    write(st.out / "pytest.txt", done.output)
+    write(st.dir / "pytest.txt", done.output)
     tail = [ln for ln in done.output.strip().splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
     line = tail[-1].strip("= ") if tail else f"no summary line (exit {done.returncode})"
     st.numbers.append(f"CUDA test subset: {line}")
@@ -278,7 +295,7 @@ def stage_check(st: Stage) -> None:
     rows = st.timed(f"Triton kernels vs float64 PyTorch at head sizes {HEAD_SIZES} on {device}",
                     lambda: kernel_rows(device, st.dry))
     df = pd.DataFrame(rows)
-    write(st.out / "check.csv", df.to_csv(index=False))
+    write(st.dir / "check.csv", df.to_csv(index=False))
     for (kernel, _precision), g in df.groupby(["kernel", "precision"], sort=False):
         cells = []
         for _, r in g.iterrows():
@@ -308,7 +325,7 @@ def stage_bench(st: Stage) -> None:
     for part, (real, dry) in BENCH[st.name].items():
         suite = "forms" if part == "forms" else "models"
         argv = dry if st.dry else real
-        out = st.out / BENCH_OUT[part]
+        out = st.dir / BENCH_OUT[part]
         df = st.timed(shlex.join(["ttt-bench", "bench", suite, *argv, "--out", str(out)]),
                       lambda suite=suite, argv=argv, out=out: run_suite(suite, argv, out))
         if suite == "forms":
@@ -335,7 +352,7 @@ def stage_train(st: Stage, work: Path) -> None:
                      f"paths.runs={runs}", f"paths.cache={work / 'cache'}"]
         done = st.run([sys.executable, "-c", PEAK_WRAPPER, *overrides],
                       shown=shlex.join(["ttt-bench", "train", *overrides]))
-        logs = st.out / "logs"
+        logs = st.dir / "logs"
         write(logs / f"train_{model}.log", done.output)
         row = dict(model=model, exit=done.returncode)
         peak = re.findall(r"CAMPAIGN_PEAK_MB ([\d.]+) (\S+)", done.output)
@@ -364,7 +381,7 @@ def stage_train(st: Stage, work: Path) -> None:
             f"{row.get('last_loss', float('nan')):.3f}, {row.get('steady_tokens_per_s') or 'n/a'} tokens/s "
             f"(steady), peak {row.get('peak_mem_mb', float('nan')):.0f} MB ({row.get('peak_mem_kind', '?')})"
             + (f"; {row['error']}" if row.get("error") else ""))
-        write(st.out / "train.csv", pd.DataFrame(rows).to_csv(index=False))  # a stage cut off keeps its rows
+        write(st.dir / "train.csv", pd.DataFrame(rows).to_csv(index=False))  # a stage cut off keeps its rows
 
 
 # -- queue (issue 47, point 4) ------------------------------------------------------------------------------
@@ -572,7 +589,8 @@ def pack(item: Item, out: Path, runs: Path, dest: Path, log, ckpt_mib: float | N
     budget = (item.ckpt_mib if ckpt_mib is None else ckpt_mib) * 2**20
     lines, base = [], out.parent.parent
     results = [p for p in sorted((out / item.step).rglob("*")) if p.is_file()]
-    reports = (out / "REPORT.md", out / "claims.csv", out / "queue.csv", out.parent / "REPORT.md")
+    reports = (out / "REPORT.md", out / "claims.csv", stage_dir(out, "queue") / "queue.csv",
+               out.parent / "REPORT.md")
     results += [p for p in reports if p.is_file()]
     size = _tar(dest / f"{item.name}-results.tgz", [(p, str(p.relative_to(base))) for p in results])
     lines.append(f"{item.name}-results.tgz: {len(results)} files, {size / 2**20:.2f} MiB")
@@ -683,15 +701,15 @@ def prepare(item: Item, data_dir: Path, into: Path = REPO) -> None:
 def run_queue_item(item: Item, out: Path, data_dir: str, runs: Path, dry: bool, train_s: float,
                    grace_s: float, resume: Path | None, dest: Path | None, ckpt_mib: float | None) -> int:
     """One call of the queue: restore carried checkpoints, train the item's step for at most train_s, tabulate
-    what finished, record the call in <out>/queue.csv, pack for the way back. Exit 0 unless reproduce failed
-    (a run's own failure is in the step's registry; the cap is no failure)."""
+    what finished, record the call in <out>/queue/queue.csv, pack for the way back. Exit 0 unless reproduce
+    failed (a run's own failure is in the step's registry; the cap is no failure)."""
     import pandas as pd
 
     if out.name != "gpu":
         raise SystemExit("ttt-bench campaign: the queue writes <results>/gpu/<step>/ (reproduce --out "
                          f"<results>): --out must be a folder named gpu, not {out}")
     runs.mkdir(parents=True, exist_ok=True)
-    logs = dest or out / "logs"
+    logs = dest or stage_dir(out, "queue")
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{item.name}.log"
     started = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -715,7 +733,7 @@ def run_queue_item(item: Item, out: Path, data_dir: str, runs: Path, dry: bool, 
                "machine": gpu_info()["gpu"], "train_cap_s": train_s, "train_s": round(wall, 1),
                "exit": code, "capped": capped, "tabulate_s": round(tab_wall, 1), "tabulate_exit": tab_code,
                "state": state, "done": done}
-        queue_csv = out / "queue.csv"
+        queue_csv = stage_dir(out, "queue") / "queue.csv"
         old = pd.read_csv(queue_csv) if queue_csv.is_file() else pd.DataFrame()
         write(queue_csv, pd.concat([old, pd.DataFrame([row])], ignore_index=True).to_csv(index=False))
         summary = (f"[campaign] queue {item.name}: trained {wall:.0f} s"
@@ -732,8 +750,9 @@ def run_queue_item(item: Item, out: Path, data_dir: str, runs: Path, dry: bool, 
 
 
 def finished(out: Path, stage: str) -> bool:
-    return (out / f"{stage}.done").exists() and all((out / f).exists() and (out / f).stat().st_size
-                                                    for f in OUTPUTS[stage])
+    folder = stage_dir(out, stage)
+    return (folder / f"{stage}.done").exists() and all((folder / f).exists() and (folder / f).stat().st_size
+                                                       for f in OUTPUTS[stage])
 
 
 def write_summary(out: Path, info: dict, dry: bool) -> None:
@@ -808,9 +827,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in STAGES if a.stage == "all" else [a.stage]:
         if finished(out, name) and not a.force:
-            print(f"[campaign] {name}: finished before ({out / (name + '.done')}), skipped (--force: again)")
+            print(f"[campaign] {name}: finished before ({stage_dir(out, name) / (name + '.done')}), skipped "
+                  "(--force: again)")
             continue
-        (out / f"{name}.done").unlink(missing_ok=True)
+        (stage_dir(out, name) / f"{name}.done").unlink(missing_ok=True)
         st = Stage(name, out, a.dry)
         try:
             {"check": stage_check, "bench": stage_bench, "figure3": stage_bench,

@@ -1,6 +1,6 @@
 # Lease 4: check and train stages again on the current commit (regression check after the reliability changes).
 # Run from the repository root on a lent GPU (the device tool's command; $OUT comes back). Moved from
-# results/gpu/recheck/lease.sh (issue 51); its outputs are results/gpu/recheck/, results/gpu/RUN.md.
+# results/gpu/recheck/lease.sh (issue 51); its outputs are results/gpu/leases/lease4/, results/gpu/RUN.md.
 set -u
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

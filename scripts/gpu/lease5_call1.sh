@@ -1,6 +1,6 @@
 # Lease 5 (2026-11-26): the gpu profile's scaling step (Books at 34,816 bytes, the long-context claims).
 # Run from the repository root on a lent GPU (the device tool's command; $OUT comes back). Moved from
-# results/gpu/lease5/call1.sh (issue 51); its logs are results/gpu/lease5/call1_*.log, results/gpu/RUN.md.
+# results/gpu/lease5/call1.sh (issue 51); its logs are results/gpu/leases/lease5/call1_*.log, results/gpu/RUN.md.
 set -u
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

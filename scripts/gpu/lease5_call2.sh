@@ -1,6 +1,6 @@
 # Lease 5, second call: TF finetune at 34,816 bytes (its pretraining at 1,024 again: the first call's checkpoints stayed there).
 # Run from the repository root on a lent GPU (the device tool's command; $OUT comes back). Moved from
-# results/gpu/lease5/call2.sh (issue 51); its log is results/gpu/lease5/call2_reproduce.log, results/gpu/RUN.md.
+# results/gpu/lease5/call2.sh (issue 51); its log is results/gpu/leases/lease5/call2_reproduce.log, results/gpu/RUN.md.
 set -u
 T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3

@@ -1,7 +1,7 @@
 """Lease 5, call 3: where Mamba's PyTorch chunked scan spends its time at 2 x 34,816 tokens, size s.
 
 `python scripts/gpu/lease5_call3_mamba_prof.py [TOKENS]` with ttt-bench installed. Moved from
-results/gpu/lease5/call3_mamba_prof.py (issue 51); its output is results/gpu/lease5/call3_mamba_prof.txt.
+results/gpu/lease5/call3_mamba_prof.py (issue 51); its output is results/gpu/leases/lease5/call3_mamba_prof.txt.
 """
 import sys
 import time

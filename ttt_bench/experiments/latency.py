@@ -106,7 +106,7 @@ def campaign_latency(folder: Path) -> tuple[pd.DataFrame | None, str | None]:
     context where one model has no time (out of memory) is left out and named."""
     args = PROFILES["paper"]
     size, batch = args[args.index("--size") + 1], int(args[args.index("--batch") + 1])
-    files = sorted(Path(folder).glob(f"bench_prefill_{size}*.csv"))
+    files = sorted(Path(folder).glob(f"**/bench_prefill_{size}*.csv"))
     if not files:
         return None, None
     bench = pd.concat([pd.read_csv(f).assign(file=f.name) for f in files], ignore_index=True)

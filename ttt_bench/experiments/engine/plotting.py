@@ -8,12 +8,14 @@
   per order, labelled with their value at the right edge of every perplexity panel of that role;
 - log axes carry a few plain-number ticks, every panel its y label, legends sit below the axes, and titles
   name the corpus actually used (registry column `corpus`; "not recorded" in older registries);
-- a figure is saved as STEM.png and STEM.pdf (`save`), written atomically, the PDF without a creation date
-  so that drawing the same numbers twice gives the same files.
+- a figure is saved as STEM.png (`save`), written atomically; within `vector()` (`ttt-bench plot --pdf`)
+  also as STEM.pdf, without a creation date so that drawing the same numbers twice gives the same files.
+  The committed results keep the PNG alone: a paper that needs vector art draws it with --pdf.
 
 Each experiment module builds its figures (`*_figure`, returning the matplotlib Figure) with these.
 """
 
+import contextlib
 import io
 import math
 import re
@@ -69,11 +71,24 @@ def method_style(label: str) -> tuple[str, str]:
     return _FALLBACK_COLOURS[h % len(_FALLBACK_COLOURS)], _FALLBACK_MARKERS[(h >> 8) % len(_FALLBACK_MARKERS)]
 
 
+_FORMATS = ["png"]  # what `save` writes: PNG, and PDF within `vector()`
+
+
+@contextlib.contextmanager
+def vector():
+    """Figures saved in the block are also written as PDF (vector art for a paper)."""
+    _FORMATS.append("pdf")
+    try:
+        yield
+    finally:
+        _FORMATS.remove("pdf")
+
+
 def save(fig, stem: Path) -> list[Path]:
-    """Write stem.png and stem.pdf atomically (the PDF without a creation date: the same figure, the same
-    bytes)."""
+    """Write stem.png atomically, and stem.pdf within `vector()` (without a creation date: the same
+    figure, the same bytes)."""
     paths = []
-    for ext in ("png", "pdf"):
+    for ext in dict.fromkeys(_FORMATS):
         buf = io.BytesIO()
         metadata = {"CreationDate": None} if ext == "pdf" else None
         fig.savefig(buf, format=ext, dpi=150, bbox_inches="tight", metadata=metadata)

@@ -3,14 +3,14 @@
 The ETA has two models. With `Priors` (a reference session of the same steps: each step's wall time and
 each run's training seconds, measured with as many runs at once), a step still ahead takes its reference
 wall time and the step under way the larger of what is left of its reference time and its runs' reference
-seconds still to train; both scaled by this machine's speed, this session's finished runs' training seconds
-over their reference seconds. Without priors (a new configuration, another JOBS), each run left is priced by
-its planned training FLOPs at this session's FLOP rate plus a fixed cost a run. The FLOP model was 20-40%
-short through the middle of the default `make reproduce` (results/speed/eta): its runs differ several-fold
-in seconds per FLOP (Table 1's first runs at 35-45 GFLOP/s, recall's tiny models and the 2,048-token runs
-at 10-25), so no rate learnt on the first steps prices the later ones, a rate per model neither (replayed
-over that measurement: -42% to +33%); and a step's tables, figures and tail, where one run trains alone,
-are its own cost.
+seconds still to train; both scaled by this machine's speed: this session's finished runs' training seconds
+over their reference seconds, weighted toward 1 (PRIOR_WEIGHT_S). Without priors (a new configuration,
+another JOBS), each run left is priced by its planned training FLOPs at this session's FLOP rate plus a fixed
+cost a run. The FLOP model was 20-40% short through the middle of the default `make reproduce`
+(results/speed/eta): its runs differ several-fold in seconds per FLOP (Table 1's first runs at 35-45
+GFLOP/s, recall's tiny models and the 2,048-token runs at 10-25), so no rate learnt on the first steps
+prices the later ones, a rate per model neither (replayed over that measurement: -42% to +33%); and a
+step's tables, figures and tail, where one run trains alone, are its own cost.
 """
 
 import fcntl
@@ -29,6 +29,12 @@ from .registry import read_metrics, restorable, run_finished
 
 log = logging.getLogger("ttt_bench.experiments")
 
+# The reference's speed counts as this many seconds of runs measured at it: the speed moves away from it as
+# this session's runs say, not on its first runs alone. Chosen on the measurement at e1139c0
+# (results/speed/eta: the first step's runs 28% slower than the reference's, the later ones 0.8-1.2 times,
+# the whole pipeline as fast), where the unweighted speed made the ETA 13-33% long through the middle and
+# 120 s keeps it within 25% in a replay; the next measurement is its test.
+PRIOR_WEIGHT_S = 120.0
 PRIORS = "priors.json"  # in a reference session's folder: {"jobs": runs trained at once, "command": ...}
 
 
@@ -188,7 +194,8 @@ class Progress:
         if (not timed or any(self.walls[s] is None for s in ahead)
                 or any(d not in self.work or self.step_of.get(d) not in ahead for d in todo)):
             return None
-        speed = sum(mine[d] for d in timed) / sum(self.work[d] for d in timed)
+        speed = ((sum(mine[d] for d in timed) + PRIOR_WEIGHT_S)  # this machine's seconds per reference second
+                 / (sum(self.work[d] for d in timed) + PRIOR_WEIGHT_S))
         left = 0.0
         for s in ahead:
             wall = self.walls[s] * speed

@@ -1,18 +1,22 @@
-"""Which path TTT-Linear takes: the Triton kernels (kernels/, installed as ttt_bench.kernels) or PyTorch.
+"""Which path TTT-Linear and TTT-MLP take: the Triton kernels (kernels/, installed as ttt_bench.kernels) or
+PyTorch.
 
 `use_triton(x, backend)` is the selection. With `kernel: auto` the kernels are used only on a CUDA device
-where they have been checked: once per (GPU name, torch version, Triton version), the dual-form kernel and the
-decode kernel run on small random inputs and their outputs and the gradients of every input are compared with
-the PyTorch implementations they replace (dual_scan.ttt_linear_dual, triton_decode.decode_reference). The
+where they have been checked: once per (GPU name, torch version, Triton version), TTT-Linear's dual-form,
+prefill and decode kernels and TTT-MLP's forward kernel run on small random inputs and their outputs (and,
+for the kernels with a backward, the gradients of every input) are compared with the PyTorch implementations
+they replace (dual_scan.ttt_linear_dual, prefill_reference, triton_decode.decode_reference,
+dual_scan.ttt_mlp_dual). One verdict covers them all. The
 verdict is kept in a small JSON file under the user cache dir (`cache_path`) with the code
 (`code_version`) and the NVIDIA driver (`driver_version`) it was checked with: a passing verdict spares
 later processes the check until one of them changes; a failed one is only a record, and every new process
 checks again (a failure may be transient, or fixed by a new driver, install or kernel). A mismatch or a
-kernel that does not compile sends TTT-Linear to the PyTorch dual form, with one warning per process that
-says why.
+kernel that does not compile sends TTT-Linear and TTT-MLP to the PyTorch dual form, with one warning per
+process that says why.
 `kernel: triton` forces the kernels without this check; `kernel: torch` or TTT_BENCH_KERNELS=torch never uses
-them. `precision()` is the matmul precision the layer runs the dual-form kernel in (tf32 by default, see
-PRECISION); the check compares it in both precisions. `log_path_once` says once which path a shape takes.
+them. `precision()` is the matmul precision the layer runs the dual-form kernels (TTT-Linear's, TTT-MLP's)
+in (tf32 by default, see PRECISION); the check compares them in both precisions. `log_path_once` says once
+which path a shape takes.
 """
 
 import functools
@@ -77,12 +81,12 @@ def log_path_once(what: str, shape: str, reason: str) -> None:
     if (what, shape, reason) in _logged:
         return
     _logged.add((what, shape, reason))
+    name = "TTT-MLP forward" if what == "mlp" else f"TTT-Linear {what}"
     if reason:
-        log.warning("TTT-Linear %s at %s: PyTorch path, outside the Triton kernel's domain: %s", what, shape,
-                    reason)
+        log.warning("%s at %s: PyTorch path, outside the Triton kernel's domain: %s", name, shape, reason)
     else:
-        log.info("TTT-Linear %s at %s: Triton kernel%s", what, shape,
-                 f" ({precision()} matmuls)" if what == "dual" else "")
+        log.info("%s at %s: Triton kernel%s", name, shape,
+                 f" ({precision()} matmuls)" if what in ("dual", "mlp") else "")
 
 
 def cache_path() -> Path:
@@ -140,6 +144,21 @@ def _inputs(device, B=1, H=2, N=2, b=16, f=16, seed=0) -> list[torch.Tensor]:
             r(B, H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
 
 
+def _mlp_inputs(device, B=1, H=2, N=2, b=16, f=16, seed=0) -> list[torch.Tensor]:
+    """Random TTT-MLP dual-form inputs (XQ, XK, XV, eta, W1, b1, W2, b2, ln_weight, ln_bias), every weight off
+    its init, the hidden width 4 f, and eta as the layer makes it (token_eta[t] lr[s], token_eta = 1/(t+1),
+    lr = sigmoid(.) / f): as tests/test_kernel_ttt_mlp.py."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(device)
+    m = 4 * f
+    lr = torch.sigmoid(torch.randn(B, H, N, b, generator=g)) / f
+    token_eta = 1.0 / torch.arange(1, b + 1, dtype=torch.float32)
+    eta = (token_eta[:, None] * lr[..., None, :]).to(device)  # TTTLayer.eta
+    return [r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta,
+            r(B, H, f, m, scale=f ** -0.5), r(B, H, 1, m, scale=0.3), r(B, H, m, f, scale=m ** -0.5),
+            r(B, H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+
+
 def _flat(out) -> list[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -182,22 +201,24 @@ def _prefill_inputs(dual: list[torch.Tensor], dtype: torch.dtype) -> list[torch.
 class KernelCase(NamedTuple):
     """A kernel the layer can select, on random inputs, beside the PyTorch reference it replaces."""
 
-    name: str  # dual, dual/tf32, prefill/bf16, prefill/tf32, decode
+    name: str  # dual, dual/tf32, prefill/bf16, prefill/tf32, decode, mlp/ieee, mlp/tf32
     precision: str  # of the kernel's matmul operands
     kernel: Callable
     reference: Callable
     inputs: list
     seed: int  # of the cotangents
     tolerance: float
-    backward: bool = True  # False: a forward-only kernel (prefill), its outputs alone compared
+    backward: bool = True  # False: a forward-only kernel (prefill, mlp), its outputs alone compared
 
 
 def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
-    """Every kernel the layer can select, on random inputs at head size f: the dual form in ieee and tf32
-    matmuls, the prefill kernel (forward only; bfloat16 inputs with bf16 matmul operands, float32 ones in
+    """Every kernel the layer can select, on random inputs at head size f: TTT-Linear's dual form in ieee and
+    tf32 matmuls, the prefill kernel (forward only; bfloat16 inputs with bf16 matmul operands, float32 ones in
     tf32), and the decode step (one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a
-    scalar)."""
-    from ...kernels import ttt_linear  # needs triton; its kernel looked up at each check (tests replace it)
+    scalar); TTT-MLP's forward kernel in ieee and tf32 matmuls ("mlp/ieee", "mlp/tf32": outputs and final
+    weights against dual_scan.ttt_mlp_dual), at the head sizes it takes (kernels/ttt_mlp.HEAD_SIZES: none
+    at f = 128, where TTT-MLP runs PyTorch)."""
+    from ...kernels import ttt_linear, ttt_mlp  # need triton; kernels looked up at each check (tests replace)
     from ...kernels.interpreter import emulate_bf16_dot
     from ...kernels.ttt_linear_prefill import prefill_reference, ttt_linear_prefill
 
@@ -212,13 +233,19 @@ def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
     tf32 = lambda *args: ttt_linear.ttt_linear_dual(*args, precision="tf32")
     reference = dual_scan.ttt_linear_dual
     tf32_prefill = lambda *args: ttt_linear_prefill(*args, precision="tf32")
+    mlp, in_precision = [], lambda p: lambda *args: ttt_mlp.ttt_mlp_dual(*args, precision=p)
+    if f in ttt_mlp.HEAD_SIZES:
+        inputs = _mlp_inputs(device, f=f, seed=seed + 4)
+        mlp = [KernelCase(f"mlp/{p}", p, in_precision(p), dual_scan.ttt_mlp_dual, inputs, seed + 4, tol,
+                          backward=False) for p, tol in (("ieee", TOLERANCE), ("tf32", TF32_TOLERANCE))]
     return [KernelCase("dual", "ieee", ttt_linear.ttt_linear_dual, reference, dual, seed + 1, TOLERANCE),
             KernelCase("dual/tf32", "tf32", tf32, reference, dual, seed + 1, TF32_TOLERANCE),
             KernelCase("prefill/bf16", "bf16", ttt_linear_prefill, prefill_reference,
                        _prefill_inputs(dual, torch.bfloat16), seed + 3, BF16_TOLERANCE, backward=False),
             KernelCase("prefill/tf32", "tf32", tf32_prefill, prefill_reference,
                        _prefill_inputs(dual, torch.float32), seed + 3, TF32_TOLERANCE, backward=False),
-            KernelCase("decode", "ieee", ttt_linear_decode, decode_reference, decode, seed + 2, TOLERANCE)]
+            KernelCase("decode", "ieee", ttt_linear_decode, decode_reference, decode, seed + 2, TOLERANCE),
+            *mlp]
 
 
 def compare_kernels(device: torch.device) -> dict:
@@ -256,7 +283,7 @@ def verdict(device: torch.device) -> dict:
     stamp = {"code": code_version(), "driver": driver_version()}
     found = _read_cache(path).get(k)
     if not (isinstance(found, dict) and found.get("ok") is True and stamp.items() <= found.items()):
-        log.info("checking the Triton TTT-Linear kernels against PyTorch on %s (kept in %s)", k, path)
+        log.info("checking the Triton TTT kernels against PyTorch on %s (kept in %s)", k, path)
         found = {**compare_kernels(device), "checked": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "tolerance": TOLERANCE, **stamp}
         try:
@@ -264,9 +291,10 @@ def verdict(device: torch.device) -> dict:
         except OSError as e:  # a read-only home: the verdict holds for this process only
             log.warning("could not record the kernel check in %s: %s", path, e)
     if not found["ok"]:
-        warnings.warn(f"Triton TTT-Linear kernels rejected on {k} ({found['detail']}); TTT-Linear uses the "
-                      "PyTorch dual form. The next process checks again (TTT_BENCH_KERNELS=torch skips the "
-                      "check, model.block.kernel=triton forces the kernels)", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"Triton TTT kernels rejected on {k} ({found['detail']}); TTT-Linear and TTT-MLP use "
+                      "the PyTorch dual form. The next process checks again (TTT_BENCH_KERNELS=torch skips "
+                      "the check, model.block.kernel=triton forces the kernels)", RuntimeWarning,
+                      stacklevel=2)
     _verdicts[k] = found
     return found
 

@@ -96,7 +96,8 @@ class TTTLayer(nn.Module):
         self.eta_base, self.eta_warmup, self.eta_scale = eta_base, eta_warmup, 1.0
         self.rope, self.rope_theta, self.checkpoint_every = rope, rope_theta, checkpoint_every
         self.share_qk, self.diagnostics = share_qk, None
-        self.kernel = kernel  # auto | torch | triton: the Triton kernels of TTT-Linear (docs/speed.md)
+        # auto | torch | triton: the Triton kernels of TTT-Linear (docs/speed.md), and TTT-MLP's forward
+        self.kernel = kernel
         self.fused = fused  # torch.compile fuses elementwise work: TTT-Linear's dual form, gate, convs
 
         # The views of the self-supervised task (Section 2.3); with share_qk, one projection and two convs.
@@ -251,16 +252,20 @@ class TTTLayer(nn.Module):
         """eta[t, s] = token_eta[t] * lr[s]: [..., c, c] from token_eta [c] and lr [..., c]."""
         return token_eta[:, None] * lr[..., None, :]
 
-    def _triton(self, x: torch.Tensor) -> bool:
-        """Whether TTT-Linear runs the Triton kernels here (CUDA by default; docs/speed.md)."""
-        return self.learner == "linear" and kernel_check.use_triton(x, self.kernel)
+    def _triton(self, x: torch.Tensor, learner: str = "linear") -> bool:
+        """Whether this layer, if its learner is `learner` (TTT-Linear unless told: its dual, prefill and
+        decode kernels; "mlp": TTT-MLP's forward kernel), runs the Triton kernels here (CUDA by default;
+        docs/speed.md)."""
+        return self.learner == learner and kernel_check.use_triton(x, self.kernel)
 
     def _kernel_takes(self, what: str, x: torch.Tensor, bias, ln) -> bool:
-        """Whether the Triton kernel `what` (dual, prefill or decode) takes these inputs; logs once per shape
-        which path it takes and why (head size 96, the 760m size, is outside the kernels: PyTorch)."""
+        """Whether the Triton kernel `what` (dual, prefill or decode of TTT-Linear; mlp, TTT-MLP's forward)
+        takes these inputs: bias the inner loop's bias, or for mlp its weights (W1, b1, W2, b2). Logs once per
+        shape which path it takes and why (head size 96, the 760m size, is outside the kernels: PyTorch)."""
         b = self.mini_batch_size
         reason = {"dual": kernels.dual_why_not, "decode": kernels.decode_why_not,
-                  "prefill": lambda *a: kernels.prefill_why_not(*a, b)}[what](x, bias, ln and ln[0])
+                  "prefill": lambda *a: kernels.prefill_why_not(*a, b),
+                  "mlp": _mlp_why_not}[what](x, bias, ln and ln[0])
         shape = f"head size {x.shape[-1]}" + ("" if what == "decode" else f", mini-batch {b}")
         kernel_check.log_path_once(what, shape, reason)
         return not reason
@@ -272,6 +277,20 @@ class TTTLayer(nn.Module):
         if self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, bias, ln):
             return kernel_check.precision()  # tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: PRECISION says why
         return None
+
+    def mlp_kernel(self, XQ: torch.Tensor, params: tuple, ln, cache: TTTCache | None) -> str | None:
+        """The matmul precision of TTT-MLP's Triton kernel (kernels/ttt_mlp.py, forward only) if the complete
+        mini-batches XQ [B, H, N, b, f] (float32, from the weights `params` (W1, b1, W2, b2), with the LN of
+        the inner loop) run in it here, None if they run in PyTorch (dual_scan). Forward only, as TTT-Linear's
+        prefill: no gradient recorded (evaluation, generation's prompt, prefill benchmarks), no diagnostics;
+        the dual form; with a cache, from the start of a mini-batch with no pending gradient sums (`_ttt`
+        finishes a mini-batch begun by an earlier call through `_continue` first, and runs a last short one
+        there, so decoding carries on as after PyTorch). Its one selection: `_ttt` runs what it says."""
+        if (torch.is_grad_enabled() or self.learner != "mlp" or self.form != "dual"
+                or self.diagnostics is not None or (cache is not None and cache.sums is not None)
+                or not self._triton(XQ, "mlp") or not self._kernel_takes("mlp", XQ, params, ln)):
+            return None
+        return kernel_check.precision()  # tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee, as the dual kernel
 
     def prefill_kernel(self, xq: torch.Tensor, cache: TTTCache | None) -> str | None:
         """The matmul precision of the Triton prefill kernel if this call's TTT-Linear runs in it, None if it
@@ -356,6 +375,8 @@ class TTTLayer(nn.Module):
                                                            *params, ln)
             elif precision := self.dual_kernel(XQ, params[1], ln):
                 Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln, precision=precision)
+            elif precision := self.mlp_kernel(XQ, params, ln, cache):  # TTT-MLP, forward only
+                Z, *params = kernels.ttt_mlp_dual(XQ, XK, XV, eta, *params, *ln, precision=precision)
             elif self.form == "dual":  # the fast dual scans (dual_scan.py)
                 args = (XQ, XK, XV, eta, *params, *(ln or (None, None)))
                 if self.learner == "linear":
@@ -451,6 +472,16 @@ class TTTLayer(nn.Module):
         if cache is not None:
             cache.pos += T
         return self.o_proj(z)
+
+
+def _mlp_why_not(XQ: torch.Tensor, params: tuple, ln_weight) -> str:
+    """Why TTT-MLP's complete mini-batches XQ [B, H, N, b, f] with weights (W1, b1, W2, b2) are outside the
+    Triton kernel's domain here ("" when inside): the layer's float32 inner loop (a float64 model keeps its
+    float64 PyTorch dual form; the kernel computes in float32), then kernels/ttt_mlp.py's `why_not`."""
+    if XQ.dtype != torch.float32:
+        return f"dtype {XQ.dtype} (the layer runs the TTT-MLP kernel on a float32 inner loop)"
+    W1, b1, _, b2 = params
+    return kernels.mlp_why_not(XQ, W1, b1, b2, ln_weight)
 
 
 def _chunk_flops(layers: list[tuple[int, int]], c: int, form: str, bias: bool) -> float:
