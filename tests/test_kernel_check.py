@@ -81,7 +81,9 @@ def test_a_kernel_that_disagrees_falls_back_to_pytorch_with_one_warning(fresh, m
         assert not use_triton(GPU)
     assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
     (verdict,) = json.loads(fresh.cache.read_text()).values()
-    assert not verdict["ok"] and "dual output 0" in verdict["detail"]
+    assert not verdict["ok"] and "dual output 0" in verdict["detail"] and verdict["failed"] == ["dual"]
+    # each family on its own: the prefill, TTT-MLP and decode kernels passed and still run
+    assert all(use_triton(GPU, family=f) for f in ("prefill", "mlp", "decode")) and len(fresh.calls) == 1
 
 
 def test_a_kernel_that_does_not_compile_falls_back_to_pytorch(fresh, monkeypatch):
@@ -92,7 +94,8 @@ def test_a_kernel_that_does_not_compile_falls_back_to_pytorch(fresh, monkeypatch
     with pytest.warns(RuntimeWarning, match="CompilationError"):
         assert not use_triton(GPU)
     (verdict,) = json.loads(fresh.cache.read_text()).values()
-    assert not verdict["ok"] and verdict["detail"].startswith("RuntimeError: triton.compiler")
+    assert not verdict["ok"] and verdict["detail"].startswith("dual: RuntimeError: triton.compiler")
+    assert "dual/tf32: RuntimeError" in verdict["detail"] and verdict["failed"] == ["dual"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

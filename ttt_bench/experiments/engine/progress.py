@@ -228,5 +228,9 @@ class Progress:
 
 
 def _minutes(seconds: float) -> str:
+    """Seconds under a minute (in tenths of a minute the last minute's ETA was a third off by rounding
+    alone), then minutes."""
     minutes = seconds / 60
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"

@@ -252,11 +252,11 @@ class TTTLayer(nn.Module):
         """eta[t, s] = token_eta[t] * lr[s]: [..., c, c] from token_eta [c] and lr [..., c]."""
         return token_eta[:, None] * lr[..., None, :]
 
-    def _triton(self, x: torch.Tensor, learner: str = "linear") -> bool:
-        """Whether this layer, if its learner is `learner` (TTT-Linear unless told: its dual, prefill and
-        decode kernels; "mlp": TTT-MLP's forward kernel), runs the Triton kernels here (CUDA by default;
-        docs/speed.md)."""
-        return self.learner == learner and kernel_check.use_triton(x, self.kernel)
+    def _triton(self, x: torch.Tensor, family: str = "dual") -> bool:
+        """Whether this layer runs the Triton kernel `family` here (CUDA by default, once that family passed
+        its check; docs/speed.md): TTT-Linear's dual, prefill and decode kernels, TTT-MLP's mlp kernel."""
+        learner = "mlp" if family == "mlp" else "linear"
+        return self.learner == learner and kernel_check.use_triton(x, self.kernel, family)
 
     def _kernel_takes(self, what: str, x: torch.Tensor, bias, ln) -> bool:
         """Whether the Triton kernel `what` (dual, prefill or decode of TTT-Linear; mlp, TTT-MLP's forward)
@@ -301,7 +301,7 @@ class TTTLayer(nn.Module):
         in the dual-form kernel's precision (kernel_check.precision)."""
         b = self.mini_batch_size
         if (torch.is_grad_enabled() or self.learner != "linear" or self.form != "dual"
-                or self.diagnostics is not None or not self._triton(xq)
+                or self.diagnostics is not None or not self._triton(xq, "prefill")
                 or (cache is not None and (cache.pos % b or cache.sums is not None or xq.shape[1] < b))):
             return None
         if not self._kernel_takes("prefill", xq, self.b1, self.ln()):
@@ -336,7 +336,7 @@ class TTTLayer(nn.Module):
         if sums is None:
             sums = tuple(None if p is None else torch.zeros_like(p) for p in params)
         ln = self.ln()
-        if c == 1 and self._triton(xq) and self._kernel_takes("decode", xq, params[1], ln):
+        if c == 1 and self._triton(xq, "decode") and self._kernel_takes("decode", xq, params[1], ln):
             z, *sums = ttt_linear_decode(xq, xk, xv, lr[..., 0], te[0], *params, *sums, *ln)
         else:
             z, sums = forms.primal_step(
