@@ -159,6 +159,20 @@ def test_fused_dual_form_equals_the_eager_one():
     assert all(rel_err(c, a) <= 1e-12 for a, c in zip(*g, strict=True))
 
 
+def test_fused_ttt_mlp_equals_the_eager_one():
+    """TTT-MLP with fused=True (each mini-batch's state compiled, issue 49) computes what the eager code
+    computes, outputs and every gradient, through a whole layer (float64: the compiled code may reorder)."""
+    torch.manual_seed(0)
+    layers = [TTTLayer(16, 2, learner="mlp", mini_batch_size=4, fused=fused).double()
+              for fused in (False, True)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    outs = [layer(x) for layer in layers]
+    g = [torch.autograd.grad(out.sin().sum(), list(layer.parameters())) for out, layer in zip(outs, layers)]
+    assert rel_err(outs[1], outs[0]) <= 1e-12
+    assert all(rel_err(c, a) <= 1e-12 for a, c in zip(*g, strict=True))
+
+
 def test_ttt_linear_dual_signature_and_shapes():
     B, H, N, b, f = 2, 3, 4, 5, 6
     XQ, XK, XV = (torch.randn(B, H, N, b, f) for _ in range(3))

@@ -75,18 +75,20 @@ def ttt_linear_dual(
     return (Z, W, None) if b is None else (Z, W[..., :f, :], W[..., f:, :])
 
 
-def ttt_mlp_dual(XQ, XK, XV, eta, W1, b1, W2, b2, ln_weight, ln_bias, *, checkpoint_every: int = 0):
+def ttt_mlp_dual(XQ, XK, XV, eta, W1, b1, W2, b2, ln_weight, ln_bias, *, checkpoint_every: int = 0,
+                 fused: bool = False):
     """TTT-MLP in dual form over N mini-batches: as `ttt_linear_dual` with the weights of both layers,
     W1 [B, H, f, 4f], b1 [B, H, 1, 4f], W2 [B, H, 4f, f], b2 [B, H, 1, f] (the biases may be None).
-    Returns Z and the weights after the last mini-batch (W1, b1, W2, b2)."""
+    fused: each mini-batch's state (`MLPDualScan.state`, about 15 ops) compiled by torch.compile, fewer
+    launches a mini-batch (issue 49). Returns Z and the weights after the last mini-batch (W1, b1, W2, b2)."""
     f = XQ.shape[-1]
     W1 = W1 if b1 is None else torch.cat([W1, b1], -2)
     Z, (W1, W2, b2) = _mlp_dual((W1, W2, b2), XQ, XK, XV, eta, b1 is not None, ln_weight, ln_bias,
-                                checkpoint_every)
+                                checkpoint_every, fused)
     return Z, W1[..., :f, :], None if b1 is None else W1[..., f:, :], W2, b2
 
 
-def _mlp_dual(weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every: int):
+def _mlp_dual(weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_every: int, fused: bool):
     """The parts of TTT-MLP's dual form that do not depend on the weights, through autograd, around
     `MLPDualScan`, with gradient checkpointing through time (forms.in_groups)."""
     ln = ln_weight is not None
@@ -102,7 +104,8 @@ def _mlp_dual(weights, XQ, XK, XV, eta, bias, ln_weight, ln_bias, checkpoint_eve
         E = eta.tril()  # the mask: token t only sees s <= t
         XKe = E[..., -1:, :].transpose(-1, -2) * Xk  # diag(e) XK: the update is W1 - XKe^T G1
         A = E * (Xq @ Xk.transpose(-1, -2))  # with the bias: E * (XQ XK^T + 1)
-        Zbar, weights = MLPDualScan.run(Xq, Xk, label, A, XKe, E, w2, torch.is_grad_enabled(), *weights)
+        Zbar, weights = MLPDualScan.run(Xq, Xk, label, A, XKe, E, w2, torch.is_grad_enabled(), fused,
+                                        *weights)
         Z = Zbar.permute(1, 0, 3, 2, 4).contiguous().permute(0, 3, 1, 2, 4)  # [B, H, N, b, f], token-major
         return (XQ + learner.layer_norm(Z, ln_w, ln_b) if ln else Z), tuple(weights)
 
@@ -389,7 +392,7 @@ class MLPDualScan(torch.autograd.Function):
         return Zbar, weights
 
     @staticmethod
-    def forward(ctx, XQ, XK, label, A, XKe, E, w2, training: bool, *weights):
+    def forward(ctx, XQ, XK, label, A, XKe, E, w2, training: bool, fused: bool, *weights):
         ctx.label_stride = label.stride()  # see _strided_like
         XQ, XK, label, A, XKe, E = (t.contiguous() for t in (XQ, XK, label, A, XKe, E))
         N = XK.shape[0]
@@ -401,7 +404,7 @@ class MLPDualScan(torch.autograd.Function):
                 for segment, w in zip(segments, weights, strict=True):
                     if w is not None:
                         segment[n // SEGMENT] = w
-            state = MLPDualScan.state(weights, XQ[n], XK[n], label[n], A[n], E[n], w2)
+            state = fuse(MLPDualScan.state, fused)(weights, XQ[n], XK[n], label[n], A[n], E[n], w2)
             MLPDualScan.output(weights, state, out=Zbar[n])
             MLPDualScan.update(weights, state, XKe[n], E[n])  # in place
             if training:
@@ -473,7 +476,7 @@ class MLPDualScan(torch.autograd.Function):
                 if dw2 is not None:
                     dw2 += dw2_n
         dw2 = None if w2 is None else dw2.sum((0, 2)).unsqueeze(1)
-        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dA, dXKe, dE, dw2, None, *dweights
+        return dXQ, dXK, _strided_like(dlabel, ctx.label_stride), dA, dXKe, dE, dw2, None, None, *dweights
 
     @staticmethod
     def step_backward(weights, state: MLPState, inputs, dzbar2, dweights, out):

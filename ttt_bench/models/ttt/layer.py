@@ -98,7 +98,8 @@ class TTTLayer(nn.Module):
         self.share_qk, self.diagnostics = share_qk, None
         # auto | torch | triton: the Triton kernels of TTT-Linear (docs/speed.md), and TTT-MLP's forward
         self.kernel = kernel
-        self.fused = fused  # torch.compile fuses elementwise work: TTT-Linear's dual form, gate, convs
+        # torch.compile fuses elementwise work: the dual forms (TTT-MLP: a mini-batch's state), gate, convs
+        self.fused = fused
 
         # The views of the self-supervised task (Section 2.3); with share_qk, one projection and two convs.
         self.q_proj = nn.Linear(d_model, d_model, bias=False)
@@ -383,7 +384,8 @@ class TTTLayer(nn.Module):
                     Z, *params = dual_scan.ttt_linear_dual(*args, checkpoint_every=self.checkpoint_every,
                                                            fused=self.fused)
                 else:
-                    Z, *params = dual_scan.ttt_mlp_dual(*args, checkpoint_every=self.checkpoint_every)
+                    Z, *params = dual_scan.ttt_mlp_dual(*args, checkpoint_every=self.checkpoint_every,
+                                                        fused=self.fused)
             else:
                 Z, params = forms.ttt_scan(self.form, params, XQ, XK, XV, eta, ln, self.checkpoint_every)
             outs.append(Z.reshape(B, H, N * b, f))
