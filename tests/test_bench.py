@@ -145,8 +145,9 @@ def test_forms_rows_are_labelled_by_the_path_they_run_triton_or_pytorch(selected
     spy(kernels, "ttt_linear_dual", lambda *_, precision="ieee", **__: f"triton ({precision})")
     spy(dual_scan, "ttt_linear_dual", lambda *_, fused=False, **__: "dual-fused" if fused else "dual")
     spy(ttt_forms, "ttt_scan", lambda form, *_, **__: form)
-    if selected:  # every backend but "torch" takes the kernels, unchecked
-        monkeypatch.setattr(kernel_check, "use_triton", lambda x, backend="auto": backend != "torch")
+    if selected:  # every backend but "torch" takes the dual-form kernel, unchecked
+        monkeypatch.setattr(kernel_check, "use_triton",
+                            lambda x, backend="auto", family="dual": backend != "torch" and family == "dual")
         monkeypatch.setenv("TTT_BENCH_KERNEL_PRECISION", precision)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     parser = argparse.ArgumentParser()
