@@ -249,15 +249,22 @@ def main(argv=None) -> None:
     configs = json.loads(args.configs) if args.configs else [
         c for c in default_grid(args.arch, args.f, args.precision, args.prefill_precision, args.warps)
         if c[0] in args.kernel]
-    records = []
-    for kernel, arch, f, precision, *warps in configs:
-        r = compile_kernel(kernel, arch, f, precision if precision != "-" else "ieee",
+    report((compile_kernel(kernel, arch, f, precision if precision != "-" else "ieee",
                            num_warps=warps[0] if warps else None)
-        records.append(r)
-        if args.json:
+            for kernel, arch, f, precision, *warps in configs), args.json, table)
+
+
+def report(records, as_json: bool, table) -> list[dict]:
+    """Print each compile record as one JSON line as it comes (--json), or all of them at the end as
+    `table(records)`; returns them."""
+    done = []
+    for r in records:
+        done.append(r)
+        if as_json:
             print(json.dumps(r), flush=True)
-    if not args.json:
-        print(table(records))
+    if not as_json:
+        print(table(done))
+    return done
 
 
 if __name__ == "__main__":

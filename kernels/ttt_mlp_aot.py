@@ -15,7 +15,7 @@ import json
 import triton
 
 from . import ttt_mlp
-from .aot import SHARED_LIMIT, ptxas_report, verdict
+from .aot import SHARED_LIMIT, ptxas_report, report, verdict
 
 WARPS = (4, 8, 16)
 _INTS = ("N", "H")  # the kernel's integer arguments; every other non-constexpr one is a pointer
@@ -80,14 +80,8 @@ def main(argv=None) -> None:
     else:
         warps = [None] if args.launch else args.warps
         configs = [(a, f, pr, w) for a in args.arch for f in args.f for pr in args.precision for w in warps]
-    records = []
-    for arch, f, precision, warps in configs:
-        r = compile_kernel(arch, f, precision, warps, args.stages, dtype=args.dtype)
-        records.append(r)
-        if args.json:
-            print(json.dumps(r), flush=True)
-    if not args.json:
-        print(table(records))
+    report((compile_kernel(arch, f, precision, warps, args.stages, dtype=args.dtype)
+            for arch, f, precision, warps in configs), args.json, table)
 
 
 if __name__ == "__main__":

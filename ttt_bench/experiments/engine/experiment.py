@@ -21,9 +21,9 @@ import pandas as pd
 
 from ...errors import UserError
 from .plan import Run, check_profile, expand, load_sweep, merge
-from .progress import Progress
+from .progress import Progress, last_wall_time
 from .registry import load_csv
-from .report import Step, StepContext, last_wall_time
+from .report import Step, StepContext
 from .runner import Stage, Trained, train_stage
 from .verdicts import Claim
 

@@ -38,6 +38,14 @@ PRIOR_WEIGHT_S = 120.0
 PRIORS = "priors.json"  # in a reference session's folder: {"jobs": runs trained at once, "command": ...}
 
 
+def last_wall_time(folder: Path) -> float | None:
+    """The seconds a step took when its folder was last written (its step.json), None where unknown."""
+    try:
+        return float(json.loads((Path(folder) / "step.json").read_text())["wall_time_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 @dataclass(frozen=True)
 class Priors:
     """A reference session of the pipeline, from its results folder: each step's wall time
@@ -55,12 +63,8 @@ class Priors:
             jobs = int(json.loads((Path(folder) / PRIORS).read_text())["jobs"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        walls = {}
-        for step in sorted(Path(folder).glob("*/step.json")):
-            try:
-                walls[step.parent.name] = float(json.loads(step.read_text())["wall_time_s"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+        walls = {step.parent.name: wall for step in sorted(Path(folder).glob("*/step.json"))
+                 if (wall := last_wall_time(step.parent)) is not None}
         return cls(walls, Throughput.committed(folder), jobs)
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ...io import write_atomic, write_json
 from ...machine import hardware
-from .progress import Progress
+from .progress import Progress, last_wall_time
 from .registry import load_csv
 from .verdicts import (
     CHECK,
@@ -29,14 +29,6 @@ from .verdicts import (
 
 log = logging.getLogger("ttt_bench.experiments")
 README_BLOCK = ("<!-- results:begin -->", "<!-- results:end -->")
-
-
-def last_wall_time(folder: Path) -> float | None:
-    """The seconds a step took when its folder was last written (its step.json), None where unknown."""
-    try:
-        return float(json.loads((Path(folder) / "step.json").read_text())["wall_time_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 class Step:

@@ -255,7 +255,8 @@ class TTTLayer(nn.Module):
 
     def _triton(self, x: torch.Tensor, family: str = "dual") -> bool:
         """Whether this layer runs the Triton kernel `family` here (CUDA by default, once that family passed
-        its check; docs/speed.md): TTT-Linear's dual, prefill and decode kernels, TTT-MLP's mlp kernel."""
+        its check; docs/speed.md): TTT-Linear's dual, prefill and decode kernels, TTT-MLP's mlp kernel; a
+        family of the other learner never."""
         learner = "mlp" if family == "mlp" else "linear"
         return self.learner == learner and kernel_check.use_triton(x, self.kernel, family)
 
@@ -287,7 +288,7 @@ class TTTLayer(nn.Module):
         the dual form; with a cache, from the start of a mini-batch with no pending gradient sums (`_ttt`
         finishes a mini-batch begun by an earlier call through `_continue` first, and runs a last short one
         there, so decoding carries on as after PyTorch). Its one selection: `_ttt` runs what it says."""
-        if (torch.is_grad_enabled() or self.learner != "mlp" or self.form != "dual"
+        if (torch.is_grad_enabled() or self.form != "dual"
                 or self.diagnostics is not None or (cache is not None and cache.sums is not None)
                 or not self._triton(XQ, "mlp") or not self._kernel_takes("mlp", XQ, params, ln)):
             return None
@@ -301,7 +302,7 @@ class TTTLayer(nn.Module):
         with float32 accumulation and float32 weights (the authors' prefill kernel is fp16); float32 inputs
         in the dual-form kernel's precision (kernel_check.precision)."""
         b = self.mini_batch_size
-        if (torch.is_grad_enabled() or self.learner != "linear" or self.form != "dual"
+        if (torch.is_grad_enabled() or self.form != "dual"
                 or self.diagnostics is not None or not self._triton(xq, "prefill")
                 or (cache is not None and (cache.pos % b or cache.sums is not None or xq.shape[1] < b))):
             return None
