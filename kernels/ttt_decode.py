@@ -74,7 +74,7 @@ def supported(xq: torch.Tensor, b, ln_weight) -> bool:
 
 def decode_step(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
     """One decoding token of TTT-Linear, forward only (no autograd: the TTT layer's
-    models/ttt/triton_decode.py gives it a PyTorch backward). xq/xk/xv [B, H, 1, f], lr [B, H] (the token's
+    kernels/ttt/decode.py gives it a PyTorch backward). xq/xk/xv [B, H, 1, f], lr [B, H] (the token's
     inner lr), te: 0-dim token scaling of its position, W/sums_W [B, H, f, f], b/sums_b [B, H, 1, f],
     ln_weight/ln_bias [H, 1, f]. Returns (z [B, H, 1, f] incl. the +xq residual, new sums_W, new sums_b)."""
     B, H, _, F = xq.shape

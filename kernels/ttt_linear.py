@@ -237,7 +237,7 @@ class TTTLinearDual(torch.autograd.Function):
 
 
 def ttt_linear_dual(XQ, XK, XV, eta, W, b, ln_weight, ln_bias, precision: str = "ieee"):
-    """Drop-in for `ttt_bench.models.ttt.dual_scan.ttt_linear_dual` (same shapes and outputs) on the kernel's
+    """Drop-in for `ttt_bench.kernels.ttt.dual_scan.ttt_linear_dual` (same shapes and outputs) on the kernel's
     domain (`supported`). precision: "ieee" (exact float32 matmuls) or "tf32" (tensor cores: matmul inputs
     rounded to 10 mantissa bits, ~1e-3 relative). The TTT layer passes its own choice on CUDA
     (models/ttt/kernel_check.py: PRECISION)."""

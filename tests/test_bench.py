@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 from ttt_bench.cli.main import main
+from ttt_bench.kernels.mamba import scan_cpu
 
 from tests.conftest import BENCH_TINY
 from ttt_bench.bench import models
-from ttt_bench.models.mamba import scan_cpu
 
 
 def test_models_suite_writes_every_phase_of_every_model(tmp_path, capsys):
@@ -127,10 +127,12 @@ def test_forms_rows_are_labelled_by_the_path_they_run_triton_or_pytorch(selected
     only where the layer takes the kernel, called in the precision the layer uses. The layer's selection is
     sent to the Triton path (on CPU the kernels run in Triton's interpreter, TRITON_INTERPRET=1)."""
     pytest.importorskip("triton", reason="triton is not installed")
+    from ttt_bench.kernels.ttt import dual_scan
+    from ttt_bench.kernels.ttt import forms as ttt_forms
+
     from ttt_bench import kernels
     from ttt_bench.bench import forms
-    from ttt_bench.models.ttt import dual_scan, kernel_check
-    from ttt_bench.models.ttt import forms as ttt_forms
+    from ttt_bench.models.ttt import kernel_check
 
     ran = []  # the paths each fwd+bwd took
 

@@ -18,8 +18,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
-from ttt_bench.kernels import prefill_speed  # noqa: E402
+from ttt_bench.kernels import (
+    prefill_speed,  # noqa: E402
+    ttt,  # noqa: E402
+)
+from ttt_bench.kernels import ttt_linear_prefill as prefill_module  # noqa: E402
 from ttt_bench.kernels.interpreter import bf16_dot  # noqa: E402
+from ttt_bench.kernels.ttt import dual_scan, forms  # noqa: E402
 from ttt_bench.kernels.ttt_linear_prefill import (  # noqa: E402
     default_precision,
     launch_options,
@@ -29,8 +34,6 @@ from ttt_bench.kernels.ttt_linear_prefill import (  # noqa: E402
 )
 
 from tests.conftest import rel_err  # noqa: E402
-from ttt_bench import kernels  # noqa: E402
-from ttt_bench.models.ttt import dual_scan, forms  # noqa: E402
 from ttt_bench.models.ttt.layer import TTTCache, TTTLayer  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -68,14 +71,14 @@ def prefill_inputs(T, f, dtype=torch.float32, seed=0):
 
 def reference(XQ, XK, XV, lr, W, bias, ln_w, ln_b, te):
     """The layer's function in float64: dual_scan.ttt_linear_dual over the complete mini-batches and
-    forms.dual_step on a last short one (TTTLayer._ttt without a cache), eta = TTTLayer.eta(te, lr).
+    forms.dual_step on a last short one (TTTLayer._ttt without a cache), eta = ttt.eta(te, lr).
     Returns Z [B, T, H, f] and the weights after the last complete mini-batch."""
     d = lambda x: x.double()
     T, f = XQ.shape[1], XQ.shape[-1]
     N = T // b
     xq, xk, xv = (d(x).transpose(1, 2) for x in (XQ, XK, XV))  # [B, H, T, f]
     split = lambda v: v[:, :, : N * b].reshape(B, H, N, b, -1)
-    eta = TTTLayer.eta(d(te), split(d(lr)[..., None]).squeeze(-1))
+    eta = ttt.eta(d(te), split(d(lr)[..., None]).squeeze(-1))
     Z, W_last, b_last = dual_scan.ttt_linear_dual(split(xq), split(xk), split(xv), eta,
                                                   d(W).expand(B, H, f, f), d(bias).expand(B, H, 1, f),
                                                   d(ln_w), d(ln_b))
@@ -83,7 +86,7 @@ def reference(XQ, XK, XV, lr, W, bias, ln_w, ln_b, te):
     if T > N * b:
         rest = lambda v: v[:, :, N * b :]
         z, _ = forms.dual_step((W_last, b_last), rest(xq), rest(xk), rest(xv),
-                               TTTLayer.eta(d(te)[: T - N * b], rest(d(lr))), (d(ln_w), d(ln_b)))
+                               ttt.eta(d(te)[: T - N * b], rest(d(lr))), (d(ln_w), d(ln_b)))
         outs.append(z)
     return torch.cat(outs, 2).transpose(1, 2), W_last, b_last
 
@@ -207,8 +210,9 @@ def test_the_layer_prefills_in_the_kernel_when_no_gradient_is_recorded(monkeypat
     after the PyTorch prefill. With gradients recorded (training) the kernel is not taken."""
     monkeypatch.setenv("TTT_BENCH_KERNEL_PRECISION", "ieee")  # float32 inputs: exact float32 matmuls
     calls = []
-    real = kernels.prefill
-    monkeypatch.setattr(kernels, "prefill", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    real = prefill_module.ttt_linear_prefill  # what the op `ttt.linear_prefill` calls
+    monkeypatch.setattr(prefill_module, "ttt_linear_prefill",
+                        lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     f, T = 16, 40
     make = lambda kernel: TTTLayer(H * f, H, learner="linear", mini_batch_size=b, form="dual",
                                    ln_residual=True, token_scaling="learnable", kernel=kernel)

@@ -17,9 +17,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
+from ttt_bench.kernels.ttt import dual_scan  # noqa: E402
+
 from tests.conftest import rel_err  # noqa: E402
 from ttt_bench import kernels  # noqa: E402
-from ttt_bench.models.ttt import dual_scan, kernel_check  # noqa: E402
+from ttt_bench.models.ttt import kernel_check  # noqa: E402
 from ttt_bench.models.ttt.layer import TTTCache, TTTLayer  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

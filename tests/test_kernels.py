@@ -15,12 +15,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
+from ttt_bench.kernels.ttt import dual_scan  # noqa: E402
+from ttt_bench.kernels.ttt.decode import decode_reference, ttt_linear_decode  # noqa: E402
 from ttt_bench.kernels.ttt_linear import supported, ttt_linear_dual  # noqa: E402
 
 from tests.conftest import rel_err  # noqa: E402
-from ttt_bench.models.ttt import dual_scan, kernel_check  # noqa: E402
+from ttt_bench.models.ttt import kernel_check  # noqa: E402
 from ttt_bench.models.ttt.kernel_check import use_triton  # noqa: E402
-from ttt_bench.models.ttt.triton_decode import decode_reference, ttt_linear_decode  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-4  # relative to the largest entry: float32 with reductions over a few hundred terms

@@ -6,11 +6,13 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from ttt_bench.kernels import mamba as mamba_ops
+from ttt_bench.kernels.mamba import scan_cpu
 
 from ttt_bench.config import compose
 from ttt_bench.errors import UserError
 from ttt_bench.models import LanguageModel
-from ttt_bench.models.mamba import Mamba, MambaBlock, block, scan_cpu
+from ttt_bench.models.mamba import Mamba, MambaBlock, block
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -66,7 +68,7 @@ def test_a_few_steps_reduce_the_loss():
 def test_backend_selection(caplog, monkeypatch):
     with pytest.raises(UserError, match="backend"):
         Mamba(16, backend="triton")
-    monkeypatch.setattr(block, "cuda_kernels", lambda: None)
+    monkeypatch.setattr(mamba_ops, "mamba_inner", lambda: None)
     with pytest.raises(UserError, match=r"pip install -e '\.\[cuda\]'"):
         Mamba(16, backend="cuda")
     for backend in ("torch", "auto"):
@@ -104,7 +106,7 @@ def test_cpu_kernel_matches_torch_path():
 def _cuda_reason():
     if not torch.cuda.is_available():
         return "needs a CUDA GPU"
-    if block.cuda_kernels() is None:
+    if mamba_ops.mamba_inner() is None:
         return "needs mamba-ssm and causal-conv1d (pip install -e '.[cuda]')"
     return ""
 

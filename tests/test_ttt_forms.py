@@ -9,12 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from ttt_bench.kernels.ttt import dual_scan
+from ttt_bench.kernels.ttt.dual_scan import ttt_linear_dual
+from ttt_bench.kernels.ttt.forms import ttt_scan
+from ttt_bench.kernels.ttt.learner import nadaraya_watson
+from ttt_bench.kernels.ttt.naive import naive_ttt
 
 from tests.conftest import rel_err
 from ttt_bench.models.linear_attention import causal_linear_attention
-from ttt_bench.models.ttt import TTTLayer, dual_scan, ttt_linear_dual, ttt_scan
-from ttt_bench.models.ttt.learner import nadaraya_watson
-from ttt_bench.models.ttt.reference import naive_ttt
+from ttt_bench.models.ttt import TTTLayer
 
 pytestmark = pytest.mark.usefixtures("float64_one_thread")
 
@@ -77,7 +80,7 @@ def test_dual_equals_naive_per_token_loop(learner, ln_residual, mini_batch_size,
     xq, xk, xv = (torch.randn(B, H, T, f) for _ in range(3))
     lr = layer.inner_lr(torch.randn(B, T, H * f))
     z = layer._ttt(xq, xk, xv, lr, None)
-    z_ref = naive_ttt(
+    z_ref, _ = naive_ttt(
         layer.initial_params(B),
         xq,
         xk,
@@ -262,7 +265,7 @@ def test_gradient_checkpointing_through_time_halves_activation_memory_at_4k():
 def test_chunked_batch_gd_equals_the_reference_dual_step(T, chunk, bias, ln):
     """dual_scan.ttt_linear_batch_gd (b = T, chunked) against forms.dual_step with eta[t, s] =
     token_eta[t] lr[s]: outputs, final weights and the gradients of every input, in float64."""
-    from ttt_bench.models.ttt import forms
+    from ttt_bench.kernels.ttt import forms
 
     torch.manual_seed(T + chunk)
     B, H, f = 2, 3, 4

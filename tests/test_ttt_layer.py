@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
+from ttt_bench.kernels.ttt import learner
 
 from tests.conftest import rel_err
 from ttt_bench.config import compose
 from ttt_bench.experiments.table1 import EXPERIMENT as TABLE1
 from ttt_bench.models.lm import LanguageModel
-from ttt_bench.models.ttt import TTTBlock, learner
+from ttt_bench.models.ttt import TTTBlock
 from ttt_bench.models.ttt.convert import from_authors, to_authors
 from ttt_bench.models.ttt.diagnostics import record_inner_losses
 

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 
 from .config import compose
 from .kernels import HAS_TRITON
-from .models.mamba import block as mamba_block
-from .models.mamba import scan_cpu
+from .kernels import mamba as mamba_ops
+from .kernels.mamba import scan_cpu
 from .models.ttt import kernel_check
 
 CORPORA = {"pile-mini": "pile-mini/train.jsonl.zst", "books-mini": "books-mini/train.jsonl.zst",
@@ -62,7 +62,7 @@ def triton_path(device: torch.device) -> str:
 
 def mamba_path(device: torch.device) -> str:
     if device.type == "cuda":
-        if mamba_block.cuda_kernels() is not None:
+        if mamba_ops.mamba_inner() is not None:
             return "mamba-ssm CUDA kernels (selective scan, causal-conv1d)"
         return "PyTorch chunked selective scan (mamba-ssm or causal-conv1d missing)"
     if scan_cpu.available():

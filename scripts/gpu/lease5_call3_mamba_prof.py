@@ -8,9 +8,9 @@ import time
 
 import torch
 from hydra.utils import instantiate
+from ttt_bench.kernels.mamba import selective_scan
 
 from ttt_bench.config import compose
-from ttt_bench.models.mamba.scan import selective_scan
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 l = int(sys.argv[1]) if len(sys.argv) > 1 else 34816
@@ -34,7 +34,7 @@ def timed(f, reps=3):
 
 for q in (None, 16, 64, 256, 1024):
     f = lambda q=q: selective_scan(u, delta, A, B, C, D, z, bias, delta_softplus=True, chunk_size=q,
-                                   kernel=False).sum().backward()
+                                   backend="torch").sum().backward()
     torch.cuda.reset_peak_memory_stats() if dev == "cuda" else None
     ms = timed(f)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")

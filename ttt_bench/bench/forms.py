@@ -7,7 +7,8 @@ chunk and fused_chunk TTT-Linear (its variant: a learning rate per token, the re
 parity on what both compute is tests/test_fla_parity.py).
 
 scope=layer times the whole TTTLayer (projections, RoPE, inner loop, post-norm, gate, output projection) in
-each form; scope=core times only the inner loop, on [B, H, N, b, f] inputs laid out as the layer's.
+each form; scope=core times only the inner loop, the op `ttt.linear` (kernels/ttt) in each backend, on
+inputs laid out as the layer's.
 Each row is labelled by the code it runs: the PyTorch rows pin the layer to PyTorch (`kernel: torch`); the
 Triton rows exist where the layer, as it runs by default (`kernel: auto`), says it takes the kernel
 (`TTTLayer.dual_kernel`), and call it as the layer does, in the matmul precision the layer chose.
@@ -82,23 +83,21 @@ def _layer_case(args, impl, precision, device, dtype):
 
 
 def _core_case(args, impl, precision, device, dtype):
-    from ttt_bench.kernels import ttt_linear_dual as triton_dual
-    from ttt_bench.models.ttt import dual_scan, forms
+    from ttt_bench.kernels import ttt
 
     B, H, N, b, f = _dims(args)
     r = lambda *shape, scale=1.0: (scale * torch.randn(*shape, device=device, dtype=dtype)).requires_grad_()
-    eta = (0.01 * torch.rand(B, H, N, b, b, device=device, dtype=dtype)).requires_grad_()
 
-    def view():  # XQ, XK, XV [B, H, N, b, f] laid out [B, N, b, H, f], as the layer's projections give them
-        return torch.randn(B, N, b, H, f, device=device, dtype=dtype).permute(0, 3, 1, 2, 4).requires_grad_()
+    def view():  # xq, xk, xv [B, H, T, f] laid out [B, T, H, f], as the layer's projections give them
+        return torch.randn(B, N * b, H, f, device=device, dtype=dtype).transpose(1, 2).requires_grad_()
 
-    inputs = (view(), view(), view(), eta,
-              r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02), r(H, 1, f), r(H, 1, f))
-    fn = {"dual": dual_scan.ttt_linear_dual,
-          "dual-fused": lambda *x: dual_scan.ttt_linear_dual(*x, fused=True),
-          "primal": lambda *x: forms.ttt_scan("primal", x[4:6], *x[:4], ln=x[6:]),
-          f"triton ({precision})": lambda *x: triton_dual(*x, precision=precision)}[impl]
-    return _fwd_bwd(lambda: fn(*inputs)[0], inputs)
+    xq, xk, xv = view(), view(), view()
+    lr, token_eta = r(B, H, N * b, scale=0.01), r(b)
+    params, ln = (r(B, H, f, f, scale=0.02), r(B, H, 1, f, scale=0.02)), (r(H, 1, f), r(H, 1, f))
+    backend = "triton" if impl.startswith("triton") else impl.split("-")[0]
+    run = lambda: ttt.linear(xq, xk, xv, lr, token_eta, params, ln, backend=backend, precision=precision,
+                             fused=impl == "dual-fused")[0]
+    return _fwd_bwd(run, [xq, xk, xv, lr, token_eta, *params, *ln])
 
 
 def fla_version(device) -> str | None:

@@ -12,9 +12,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from ttt_bench.models.mamba import scan_cpu
-from ttt_bench.models.mamba.scan import selective_scan
-from ttt_bench.models.mamba.scan_ref import selective_scan_ref
+from ttt_bench.kernels.mamba import scan_cpu, selective_scan
+from ttt_bench.kernels.mamba.scan_ref import selective_scan_ref
 
 from . import common
 
@@ -66,8 +65,8 @@ def run(args) -> pd.DataFrame:
     d_inner = args.expand * args.d_model
     g = torch.Generator().manual_seed(args.seed)
     chunk = args.chunk_size or None
-    ours = lambda **kw: selective_scan(**kw, delta_softplus=True, chunk_size=chunk, kernel=False)
-    kernel = lambda **kw: selective_scan(**kw, delta_softplus=True, kernel=True)
+    ours = lambda **kw: selective_scan(**kw, delta_softplus=True, chunk_size=chunk, backend="torch")
+    kernel = lambda **kw: selective_scan(**kw, delta_softplus=True, backend="cpu")
     ref = lambda **kw: selective_scan_ref(**kw, delta_softplus=True)
     cases = [("mambapy_pscan", _mambapy_scan, args.seqlen), ("chunked", ours, args.seqlen)]
     if scan_cpu.available():

@@ -17,7 +17,8 @@ import torch
 
 from ..bench.common import loaded, timings
 from ..io import read_table, write_atomic
-from ..models.ttt.dual_scan import BATCH_GD_CHUNK, ttt_linear_batch_gd, ttt_linear_dual
+from ..kernels import ttt
+from ..kernels.ttt.dual_scan import BATCH_GD_CHUNK, ttt_linear_dual
 from ..training.checkpoint import load_checkpoint
 from ..training.evaluate import inner_losses as measure_inner_losses
 from . import mttt, units
@@ -56,8 +57,8 @@ def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, 
     `repeats` each, their spread and the load during them, columns engine/timing.py reads); the z's take
     the difference, and
     the W's, a part of the work timed apart, are capped at the total. `layer_ms`: what the layer runs,
-    the dual form except at b = T above a chunk, where it takes the chunked batch GD
-    (dual_scan.ttt_linear_batch_gd). The b's above the context are left out."""
+    the dual form except at b = T above a chunk, where the op (kernels/ttt: `ttt.linear`) takes the chunked
+    batch GD (dual_scan.ttt_linear_batch_gd). The b's above the context are left out."""
     g = torch.Generator().manual_seed(seed)
     H, f = heads, head_dim
     ln = (torch.ones(H, 1, f), torch.zeros(H, 1, f))
@@ -71,10 +72,10 @@ def time_w_and_z(mini_batch_sizes: list, batch: int, heads: int, head_dim: int, 
         XQ, XK, XV = (torch.randn(batch, H, N, b, f, generator=g) for _ in range(3))
         both = partial(ttt_linear_dual, XQ, XK, XV, torch.full((batch, H, N, b, b), 1.0 / f), W0, b0, *ln)
         fns = {"total": both, "w": partial(both, outputs=False)}
-        if N == 1 and b > BATCH_GD_CHUNK:  # the layer's batch-GD path
+        if N == 1 and b > BATCH_GD_CHUNK:  # the op's (and so the layer's) batch-GD path
             lr, token_eta = torch.full((batch, H, b), 1.0 / f), 1 / torch.arange(1.0, b + 1)
             one = (XQ[:, :, 0], XK[:, :, 0], XV[:, :, 0])
-            fns["layer"] = partial(ttt_linear_batch_gd, *one, token_eta, lr, W0, b0, ln)
+            fns["layer"] = partial(ttt.linear, *one, lr, token_eta, (W0, b0), ln, backend="dual")
         t = timings(fns, torch.device("cpu"), warmup=1, repeats=repeats)
         total, weights = t["total"].median, min(t["w"].median, t["total"].median)
         threads = torch.get_num_threads()

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fusion import fuse
+from ..kernels.fusion import fuse
 
 
 class RMSNorm(nn.Module):

@@ -18,7 +18,8 @@ attention divides (`normalizer = 'constant'`), so that MTTT-Linear with T = 1 *i
 random disjoint mini-batches of n / T tokens (Section 5, "Inner-loop optimization").
 
 The inner gradient is taken with autograd and `create_graph=True`, so the outer loss backpropagates through
-the T inner steps (second order, Section 3); `reference.py` has a naive per-token version to test it against.
+the T inner steps (second order, Section 3); ttt_bench/vision/reference.py has a naive per-token version to
+test it against.
 """
 
 import math

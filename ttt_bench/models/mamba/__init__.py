@@ -1,7 +1,5 @@
-"""Mamba baseline: blocks (`block.py`), chunked selective scan (`scan.py`) and its sequential reference."""
+"""Mamba baseline: blocks (`block.py`); the selective scan is an op of kernels/ (ttt_bench.kernels.mamba)."""
 
 from .block import Mamba, MambaBlock, MambaCache
-from .scan import selective_scan
-from .scan_ref import selective_scan_ref
 
-__all__ = ["Mamba", "MambaBlock", "MambaCache", "selective_scan", "selective_scan_ref"]
+__all__ = ["Mamba", "MambaBlock", "MambaCache"]

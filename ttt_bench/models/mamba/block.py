@@ -4,9 +4,9 @@
 conv1d, x_proj, dt_proj, A_log, D, out_proj), so a state dict loads into either. Three backends
 compute the same function:
 
-  torch: pure PyTorch, the chunked selective scan of `scan.py` (any device);
-  cpu:   the selective scan as the C++ kernel of `scan_cpu.py` (CPU inputs; built at first use), the
-         rest of the layer as in `torch`;
+  torch: pure PyTorch, the chunked selective scan (kernels/mamba, backend torch; any device);
+  cpu:   the selective scan as the C++ kernel (kernels/mamba, backend cpu: CPU inputs; built at first
+         use), the rest of the layer as in `torch`;
   cuda:  mamba-ssm's fused kernels (mamba_inner_fn, causal_conv1d) for CUDA inputs.
 
 `backend="auto"` uses mamba-ssm's kernels when the input is on CUDA and mamba-ssm imports, the CPU
@@ -14,7 +14,6 @@ kernel when the input is on the CPU and the kernel builds, else PyTorch. Decodin
 number of new tokens per call) takes the cpu or torch path, which handle an initial state.
 """
 
-import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -25,26 +24,15 @@ from torch import nn
 
 from ttt_bench.errors import UserError
 
+from ...kernels import mamba as ops
+from ...kernels.mamba import scan_cpu
 from ..cost import arguments
 from ..layers import CausalConv1d, RMSNorm
-from . import scan_cpu
-from .scan import selective_scan
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "torch", "cpu", "cuda")
 _logged_backends: set[str] = set()
 SCAN_FLOPS_PER_STATE = 9  # mamba-ssm: 9 * batch * length * d_inner * d_state for the selective scan
-
-
-@functools.cache
-def cuda_kernels():
-    """mamba-ssm's fused forward+backward, or None when mamba-ssm / causal-conv1d do not import."""
-    try:  # imported lazily: mamba-ssm cannot be imported without CUDA
-        import causal_conv1d  # noqa: F401  (mamba_inner_fn needs it)
-        from mamba_ssm.ops.selective_scan_interface import mamba_inner_fn
-    except (ImportError, OSError, RuntimeError):
-        return None
-    return mamba_inner_fn
 
 
 def _log_backend(name: str) -> None:
@@ -89,7 +77,7 @@ class Mamba(nn.Module):
         super().__init__()
         if backend not in BACKENDS:
             raise UserError(f"model.block.backend={backend!r}: expected one of {', '.join(BACKENDS)}")
-        if backend == "cuda" and not (torch.cuda.is_available() and cuda_kernels() is not None):
+        if backend == "cuda" and not (torch.cuda.is_available() and ops.mamba_inner() is not None):
             raise UserError("model.block.backend=cuda needs a CUDA GPU and mamba-ssm: install a CUDA build "
                             "of torch, then `pip install -e '.[cuda]'` (or use backend=auto|torch)")
         if backend == "cpu" and not scan_cpu.available():
@@ -151,7 +139,7 @@ class Mamba(nn.Module):
         self.D.fill_(1.0)
 
     def forward(self, x: torch.Tensor, cache: MambaCache | None = None) -> torch.Tensor:
-        if cache is None and self.backend != "torch" and x.is_cuda and cuda_kernels() is not None:
+        if cache is None and self.backend != "torch" and x.is_cuda and ops.mamba_inner() is not None:
             _log_backend("cuda (mamba-ssm kernels)")
             return self._forward_cuda(x)
         if self.backend == "cuda" and not x.is_cuda:
@@ -162,7 +150,7 @@ class Mamba(nn.Module):
                             "use backend=auto|cuda")
         kernel = self.backend == "cpu" or (self.backend == "auto" and scan_cpu.supports(x, self.d_state)
                                             and scan_cpu.available())
-        no_cuda_kernels = self.backend == "auto" and x.is_cuda and cuda_kernels() is None
+        no_cuda_kernels = self.backend == "auto" and x.is_cuda and ops.mamba_inner() is None
         why = ": mamba-ssm / causal-conv1d do not import here" if no_cuda_kernels else ""
         _log_backend("cpu (C++ selective scan kernel)" if kernel else f"torch (chunked selective scan{why})")
         return self._forward_torch(x, cache, kernel)
@@ -181,10 +169,11 @@ class Mamba(nn.Module):
         dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         w = self.dt_proj.weight
         delta = F.linear(dt, w) if dt.is_cuda else _NarrowLinear.apply(dt, w)
-        y = selective_scan(xs, delta, -torch.exp(self.A_log.float()), B, C,
-                           self.D.float(), z, delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
-                           initial_state=None if cache is None else cache.ssm,
-                           return_last_state=cache is not None, chunk_size=self.chunk_size, kernel=kernel)
+        y = ops.selective_scan(xs, delta, -torch.exp(self.A_log.float()), B, C,
+                               self.D.float(), z, delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
+                               initial_state=None if cache is None else cache.ssm,
+                               return_last_state=cache is not None, chunk_size=self.chunk_size,
+                               backend="cpu" if kernel else "torch")
         if cache is not None:
             y, ssm = y
             cache.ssm = ssm.to(cache.ssm.dtype)
@@ -192,7 +181,7 @@ class Mamba(nn.Module):
 
     def _forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         xz = self.in_proj(x).transpose(1, 2)  # mamba-ssm's layout: [B, 2 d_inner, T]
-        return cuda_kernels()(xz, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight,
+        return ops.mamba_inner()(xz, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight,
                               self.dt_proj.weight, self.out_proj.weight, self.out_proj.bias,
                               -torch.exp(self.A_log.float()), None, None, self.D.float(),
                               delta_bias=self.dt_proj.bias.float(), delta_softplus=True)

@@ -1,7 +1,6 @@
-"""TTT layers (Sun et al., 2024): TTT-Linear and TTT-MLP, primal and dual forms, both backbones."""
+"""TTT layers (Sun et al., 2024): TTT-Linear and TTT-MLP in both backbones. Their inner loops, every form
+and kernel, are ops in kernels/ (`ttt_bench.kernels.ttt_linear`, `ttt_mlp`)."""
 
-from .dual_scan import ttt_linear_dual, ttt_mlp_dual
-from .forms import ttt_scan
 from .layer import TTTBlock, TTTCache, TTTLayer
 
-__all__ = ["TTTBlock", "TTTCache", "TTTLayer", "ttt_linear_dual", "ttt_mlp_dual", "ttt_scan"]
+__all__ = ["TTTBlock", "TTTCache", "TTTLayer"]

@@ -3,9 +3,9 @@ PyTorch.
 
 `use_triton(x, backend)` is the selection. With `kernel: auto` the kernels are used only on a CUDA device
 where they have been checked: once per (GPU name, torch version, Triton version), TTT-Linear's dual-form,
-prefill and decode kernels and TTT-MLP's forward kernel run on small random inputs and their outputs (and,
-for the kernels with a backward, the gradients of every input) are compared with the PyTorch implementations
-they replace (dual_scan.ttt_linear_dual, prefill_reference, triton_decode.decode_reference,
+prefill and decode kernels and TTT-MLP's forward and decode kernels run on small random inputs and their
+outputs (and, for the kernels with a backward, the gradients of every input) are compared with the PyTorch
+implementations they replace (dual_scan.ttt_linear_dual, prefill_reference, decode.decode_reference,
 dual_scan.ttt_mlp_dual). One verdict covers them all. The
 verdict is kept in a small JSON file under the user cache dir (`cache_path`) with the code
 (`code_version`) and the NVIDIA driver (`driver_version`) it was checked with: a passing verdict spares
@@ -35,8 +35,8 @@ import torch
 
 from ... import kernels
 from ...io import write_json
-from . import dual_scan
-from .triton_decode import decode_reference, ttt_linear_decode
+from ...kernels.ttt import dual_scan
+from ...kernels.ttt.decode import decode_reference, ttt_linear_decode, ttt_mlp_decode
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,10 @@ def key(device: torch.device) -> str:
 
 @functools.cache
 def code_version() -> str:
-    """A hash of the code a verdict is about: the Triton kernels, the PyTorch dual form they are compared
-    with, the decode kernel's wrapper and this check (its cases and tolerances)."""
-    here = Path(__file__).parent
-    sources = [*sorted(Path(kernels.__file__).parent.glob("*.py")), here / "dual_scan.py",
-               here / "triton_decode.py", Path(__file__)]
+    """A hash of the code a verdict is about: the Triton kernels, the TTT ops and the PyTorch forms they are
+    compared with (kernels/ttt/), and this check (its cases and tolerances)."""
+    ops = Path(kernels.__file__).parent
+    sources = [*sorted(ops.glob("*.py")), *sorted((ops / "ttt").glob("*.py")), Path(__file__)]
     return hashlib.sha256(b"".join(f.read_bytes() for f in sources)).hexdigest()[:16]
 
 
@@ -201,7 +200,7 @@ def _prefill_inputs(dual: list[torch.Tensor], dtype: torch.dtype) -> list[torch.
 class KernelCase(NamedTuple):
     """A kernel the layer can select, on random inputs, beside the PyTorch reference it replaces."""
 
-    name: str  # dual, dual/tf32, prefill/bf16, prefill/tf32, decode, mlp/ieee, mlp/tf32
+    name: str  # dual, dual/tf32, prefill/bf16, prefill/tf32, decode, mlp/ieee, mlp/tf32, mlp_decode
     precision: str  # of the kernel's matmul operands
     kernel: Callable
     reference: Callable
@@ -216,8 +215,8 @@ def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
     tf32 matmuls, the prefill kernel (forward only; bfloat16 inputs with bf16 matmul operands, float32 ones in
     tf32), and the decode step (one token, gradient sums carried; xq, xk, xv [B, H, 1, f], lr [B, H], te a
     scalar); TTT-MLP's forward kernel in ieee and tf32 matmuls ("mlp/ieee", "mlp/tf32": outputs and final
-    weights against dual_scan.ttt_mlp_dual), at the head sizes it takes (kernels/ttt_mlp.HEAD_SIZES: none
-    at f = 128, where TTT-MLP runs PyTorch)."""
+    weights against dual_scan.ttt_mlp_dual) and its decode step ("mlp_decode", forward), at the head sizes
+    they take (kernels/ttt_mlp.HEAD_SIZES: none at f = 128, where TTT-MLP runs PyTorch)."""
     from ...kernels import ttt_linear, ttt_mlp  # need triton; kernels looked up at each check (tests replace)
     from ...kernels.interpreter import emulate_bf16_dot
     from ...kernels.ttt_linear_prefill import prefill_reference, ttt_linear_prefill
@@ -238,6 +237,10 @@ def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
         inputs = _mlp_inputs(device, f=f, seed=seed + 4)
         mlp = [KernelCase(f"mlp/{p}", p, in_precision(p), dual_scan.ttt_mlp_dual, inputs, seed + 4, tol,
                           backward=False) for p, tol in (("ieee", TOLERANCE), ("tf32", TF32_TOLERANCE))]
+        weights = inputs[4:8]
+        one = [tok(t) for t in inputs[:3]] + [lr, te, *weights, *(0.1 * w for w in weights), *inputs[8:]]
+        mlp.append(KernelCase("mlp_decode", "ieee", ttt_mlp_decode, decode_reference, one, seed + 5,
+                              TOLERANCE, backward=False))
     return [KernelCase("dual", "ieee", ttt_linear.ttt_linear_dual, reference, dual, seed + 1, TOLERANCE),
             KernelCase("dual/tf32", "tf32", tf32, reference, dual, seed + 1, TF32_TOLERANCE),
             KernelCase("prefill/bf16", "bf16", ttt_linear_prefill, prefill_reference,
@@ -248,7 +251,8 @@ def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
             *mlp]
 
 
-FAMILIES = ("dual", "prefill", "mlp", "decode")  # a kernel's family: the part of its case name before "/"
+# a kernel's family: the part of its case name before "/"
+FAMILIES = ("dual", "prefill", "mlp", "decode", "mlp_decode")
 
 
 def compare_kernels(device: torch.device) -> dict:

@@ -17,17 +17,19 @@ mini-batches run in `form` (dual by default); the tokens of an incomplete one ru
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ... import kernels
+from ...kernels import ttt
+from ...kernels.fusion import fuse
+from ...kernels.ttt import forms, learner
 from ..cost import arguments, causal_attention_flops, swiglu_flops
-from ..fusion import fuse
 from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freqs
-from . import dual_scan, forms, kernel_check, learner
-from .triton_decode import ttt_linear_decode
+from . import kernel_check
 
 LEARNERS = ("linear", "mlp", "kernel")
 
@@ -248,27 +250,26 @@ class TTTLayer(nn.Module):
         scale = self.token_idx if self.token_idx_offset is None else self.token_idx + self.token_idx_offset
         return at_least_f32(scale).clamp_min(0.0)[start : start + length]
 
-    @staticmethod
-    def eta(token_eta: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-        """eta[t, s] = token_eta[t] * lr[s]: [..., c, c] from token_eta [c] and lr [..., c]."""
-        return token_eta[:, None] * lr[..., None, :]
+    eta = staticmethod(ttt.eta)
 
     def _triton(self, x: torch.Tensor, family: str = "dual") -> bool:
         """Whether this layer runs the Triton kernel `family` here (CUDA by default, once that family passed
-        its check; docs/speed.md): TTT-Linear's dual, prefill and decode kernels, TTT-MLP's mlp kernel; a
-        family of the other learner never."""
-        learner = "mlp" if family == "mlp" else "linear"
+        its check; docs/speed.md): TTT-Linear's dual, prefill and decode kernels, TTT-MLP's mlp and mlp_decode
+        kernels; a family of the other learner never."""
+        learner = "mlp" if family.startswith("mlp") else "linear"
         return self.learner == learner and kernel_check.use_triton(x, self.kernel, family)
 
     def _kernel_takes(self, what: str, x: torch.Tensor, bias, ln) -> bool:
-        """Whether the Triton kernel `what` (dual, prefill or decode of TTT-Linear; mlp, TTT-MLP's forward)
-        takes these inputs: bias the inner loop's bias, or for mlp its weights (W1, b1, W2, b2). Logs once per
-        shape which path it takes and why (head size 96, the 760m size, is outside the kernels: PyTorch)."""
+        """Whether the Triton kernel `what` (dual, prefill or decode of TTT-Linear; mlp or mlp_decode of
+        TTT-MLP) takes these inputs: bias the inner loop's bias, or TTT-MLP's weights (W1, b1, W2, b2). Logs
+        once per shape which path it takes and why (head size 96, the 760m size, is outside the kernels)."""
         b = self.mini_batch_size
-        reason = {"dual": kernels.dual_why_not, "decode": kernels.decode_why_not,
-                  "prefill": lambda *a: kernels.prefill_why_not(*a, b),
-                  "mlp": _mlp_why_not}[what](x, bias, ln and ln[0])
-        shape = f"head size {x.shape[-1]}" + ("" if what == "decode" else f", mini-batch {b}")
+        why_not = {"dual": kernels.dual_why_not, "decode": kernels.decode_why_not,
+                   "prefill": lambda *a: kernels.prefill_why_not(*a, b),
+                   "mlp": partial(_mlp_why_not, kernels.mlp_why_not),
+                   "mlp_decode": partial(_mlp_why_not, kernels.mlp_decode_why_not)}[what]
+        reason = why_not(x, bias, ln and ln[0])
+        shape = f"head size {x.shape[-1]}" + ("" if what.endswith("decode") else f", mini-batch {b}")
         kernel_check.log_path_once(what, shape, reason)
         return not reason
 
@@ -319,7 +320,7 @@ class TTTLayer(nn.Module):
         params = cache.params if cache is not None and cache.params is not None else self.initial_params(B)
         full = T if cache is None else T - T % b  # without a cache the kernel also does a short last one
         head = lambda v: v[:, :full]
-        z, *params = kernels.prefill(
+        z, *params = ttt.linear_prefill(
             head(xq), head(xk), head(xv), lr[..., :full], *params, *self.ln(), self.token_eta(0, b),
             mini_batch=b, precision=precision, final_state=cache is not None)
         if cache is None:
@@ -332,18 +333,13 @@ class TTTLayer(nn.Module):
         return z
 
     def _continue(self, params, sums, xq, xk, xv, lr, start: int):
-        """Tokens of one mini-batch from its position `start`, carrying gradient sums (primal form)."""
-        c = xq.shape[2]
+        """Tokens of one mini-batch from its position `start`, carrying gradient sums (ttt.step; one token in
+        the learner's Triton decode kernel where it runs here)."""
+        c, ln = xq.shape[2], self.ln()
         te = self.token_eta(start, c)
-        if sums is None:
-            sums = tuple(None if p is None else torch.zeros_like(p) for p in params)
-        ln = self.ln()
-        if c == 1 and self._triton(xq, "decode") and self._kernel_takes("decode", xq, params[1], ln):
-            z, *sums = ttt_linear_decode(xq, xk, xv, lr[..., 0], te[0], *params, *sums, *ln)
-        else:
-            z, sums = forms.primal_step(
-                params, xq, xk, xv, self.eta(te, lr), ln, pending=(sums, te[:, None], lr[..., None, :])
-            )
+        family, weights = ("decode", params[1]) if self.learner == "linear" else ("mlp_decode", params)
+        kernel = c == 1 and self._triton(xq, family) and self._kernel_takes(family, xq, weights, ln)
+        z, sums = ttt.step(params, sums, xq, xk, xv, lr, te, ln, backend="triton" if kernel else "primal")
         if start + c == self.mini_batch_size:  # complete: W_b = W_{t'} - token_eta[b] * sums   (Eq. 6)
             return (
                 z,
@@ -352,54 +348,42 @@ class TTTLayer(nn.Module):
             )
         return z, params, sums
 
-    def _ttt(self, xq, xk, xv, lr, cache: TTTCache | None) -> torch.Tensor:
+    def _inner_loop(self, params, xq, xk, xv, lr, ln, cache: TTTCache | None):
+        """The op of this layer's learner (kernels/ttt: `ttt.linear`, `ttt.mlp`) over xq, xk, xv [B, H, T, f]
+        from the start of a mini-batch, a last short one included: in the Triton kernel where it runs here
+        (`dual_kernel`, `mlp_kernel`), else in the layer's form. Returns (z, the weights after it)."""
         B, H, T, f = xq.shape
-        b, ln = self.mini_batch_size, self.ln()
-        params = cache.params if cache is not None and cache.params is not None else self.initial_params(B)
+        b = self.mini_batch_size
+        XQ = xq[:, :, : T // b * b].reshape(B, H, T // b, b, f)  # the complete mini-batches, to select
+        precision = None
+        if T >= b:
+            precision = (self.dual_kernel(XQ, params[1], ln) if self.learner == "linear"
+                         else self.mlp_kernel(XQ, params, ln, cache))
+        op = ttt.linear if self.learner == "linear" else ttt.mlp
+        return op(xq, xk, xv, lr, self.token_eta(0, b), params, ln, precision=precision,
+                  backend="triton" if precision else self.form, checkpoint_every=self.checkpoint_every,
+                  fused=self.fused)
+
+    def _ttt(self, xq, xk, xv, lr, cache: TTTCache | None) -> torch.Tensor:
+        T, b, ln = xq.shape[2], self.mini_batch_size, self.ln()
+        fresh = cache is None or cache.params is None
+        params = self.initial_params(xq.shape[0]) if fresh else cache.params
         outs, t = [], 0
+        part = lambda v, start, end=None: v[..., start:end, :] if v.dim() == 4 else v[..., start:end]
         if cache is not None and cache.pos % b:  # finish the mini-batch begun by an earlier call
             start = cache.pos % b
             t = min(T, b - start)
             z, params, cache.sums = self._continue(
-                params, cache.sums, xq[:, :, :t], xk[:, :, :t], xv[:, :, :t], lr[..., :t], start
+                params, cache.sums, *(part(v, 0, t) for v in (xq, xk, xv, lr)), start
             )
             outs.append(z)
-        N = (T - t) // b
-        if N:  # complete mini-batches, [B, H, N, b, .]
-            split = lambda v: v[:, :, t : t + N * b].reshape(B, H, N, b, -1)
-            XQ, XK, XV = split(xq), split(xk), split(xv)
-            batch_gd = (self.form == "dual" and self.learner == "linear" and N == 1
-                        and b > dual_scan.BATCH_GD_CHUNK)
-            eta = None if batch_gd else self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
-            if batch_gd:  # b = T: chunked, O(T c f) instead of the [T, T] dual form's O(T^2 f)
-                one = (XQ[:, :, 0], XK[:, :, 0], XV[:, :, 0])
-                Z, *params = dual_scan.ttt_linear_batch_gd(*one, self.token_eta(0, b), lr[..., t : t + b],
-                                                           *params, ln)
-            elif precision := self.dual_kernel(XQ, params[1], ln):
-                Z, *params = kernels.ttt_linear_dual(XQ, XK, XV, eta, *params, *ln, precision=precision)
-            elif precision := self.mlp_kernel(XQ, params, ln, cache):  # TTT-MLP, forward only
-                Z, *params = kernels.ttt_mlp_dual(XQ, XK, XV, eta, *params, *ln, precision=precision)
-            elif self.form == "dual":  # the fast dual scans (dual_scan.py)
-                args = (XQ, XK, XV, eta, *params, *(ln or (None, None)))
-                if self.learner == "linear":
-                    Z, *params = dual_scan.ttt_linear_dual(*args, checkpoint_every=self.checkpoint_every,
-                                                           fused=self.fused)
-                else:
-                    Z, *params = dual_scan.ttt_mlp_dual(*args, checkpoint_every=self.checkpoint_every,
-                                                        fused=self.fused)
-            else:
-                Z, params = forms.ttt_scan(self.form, params, XQ, XK, XV, eta, ln, self.checkpoint_every)
-            outs.append(Z.reshape(B, H, N * b, f))
-            t += N * b
-        if t < T:  # the remainder: a mini-batch shorter than b
-            rest = lambda v: v[:, :, t:]
-            if cache is not None:
-                z, params, cache.sums = self._continue(
-                    params, None, rest(xq), rest(xk), rest(xv), lr[..., t:], 0
-                )
-            else:
-                eta = self.eta(self.token_eta(0, T - t), lr[..., t:])
-                z, _ = forms.STEPS[self.form](params, rest(xq), rest(xk), rest(xv), eta, ln)
+        end = T if cache is None else t + (T - t) // b * b  # with a cache, a last short mini-batch: below
+        if end > t:
+            z, params = self._inner_loop(params, *(part(v, t, end) for v in (xq, xk, xv, lr)), ln, cache)
+            outs.append(z)
+            t = end
+        if t < T:  # a last short mini-batch, whose gradient sums decoding carries on
+            z, params, cache.sums = self._continue(params, None, *(part(v, t) for v in (xq, xk, xv, lr)), 0)
             outs.append(z)
         if cache is not None:  # contiguous: decoding steps read W_{t'} as is
             cache.params = tuple(None if p is None else p.contiguous() for p in params)
@@ -477,14 +461,15 @@ class TTTLayer(nn.Module):
         return self.o_proj(z)
 
 
-def _mlp_why_not(XQ: torch.Tensor, params: tuple, ln_weight) -> str:
-    """Why TTT-MLP's complete mini-batches XQ [B, H, N, b, f] with weights (W1, b1, W2, b2) are outside the
-    Triton kernel's domain here ("" when inside): the layer's float32 inner loop (a float64 model keeps its
-    float64 PyTorch dual form; the kernel computes in float32), then kernels/ttt_mlp.py's `why_not`."""
+def _mlp_why_not(why_not, XQ: torch.Tensor, params: tuple, ln_weight) -> str:
+    """Why TTT-MLP's inputs XQ (complete mini-batches [B, H, N, b, f], or a decoding token) with weights
+    (W1, b1, W2, b2) are outside a Triton kernel's domain here ("" when inside): the layer's float32 inner
+    loop (a float64 model keeps its float64 PyTorch forms; the kernels compute in float32), then the kernel's
+    own `why_not` (kernels/ttt_mlp.py, kernels/ttt_mlp_decode.py)."""
     if XQ.dtype != torch.float32:
-        return f"dtype {XQ.dtype} (the layer runs the TTT-MLP kernel on a float32 inner loop)"
+        return f"dtype {XQ.dtype} (the layer runs the TTT-MLP kernels on a float32 inner loop)"
     W1, b1, _, b2 = params
-    return kernels.mlp_why_not(XQ, W1, b1, b2, ln_weight)
+    return why_not(XQ, W1, b1, b2, ln_weight)
 
 
 def _chunk_flops(layers: list[tuple[int, int]], c: int, form: str, bias: bool) -> float:

@@ -1,21 +1,20 @@
-"""Both fast selective scans (the chunked PyTorch scan and the C++ kernel) equal the sequential reference,
-outputs and gradients."""
+"""Every backend of the selective scan op (kernels/mamba/ops.py) equals the sequential reference, outputs and
+gradients: the chunked PyTorch scan and the C++ kernel here, mamba-ssm's on a GPU."""
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-from ttt_bench.models.mamba import scan_cpu
-from ttt_bench.models.mamba.scan import default_chunk, selective_scan
-from ttt_bench.models.mamba.scan_ref import selective_scan_ref
+from ttt_bench.kernels.mamba import mamba_inner, scan_cpu, selective_scan
+from ttt_bench.kernels.mamba.scan import default_chunk
+from ttt_bench.kernels.mamba.scan_ref import selective_scan_ref
 
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias", "initial_state")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-# kernel=False: the chunked PyTorch scan; True: the C++ kernel (skipped where no compiler builds it)
+# torch: the chunked PyTorch scan; cpu: the C++ kernel (skipped where no compiler builds it)
 NO_KERNEL = pytest.mark.skipif(not scan_cpu.available(), reason="the C++ kernel does not build here")
-IMPLS = [pytest.param(False, id="chunked"), pytest.param(True, id="kernel", marks=NO_KERNEL)]
+IMPLS = [pytest.param("torch", id="chunked"), pytest.param("cpu", id="kernel", marks=NO_KERNEL)]
 
 
 def _inputs(b, l, d, n, seed, delta_scale=0.5, dtype=torch.float64):
@@ -39,39 +38,39 @@ def _run(fn, x, seed, **kw):
     return y, h, torch.autograd.grad(loss, list(x.values()))
 
 
-@pytest.mark.parametrize("kernel", IMPLS)
+@pytest.mark.parametrize("backend", IMPLS)
 @pytest.mark.parametrize("b,l,d,n,chunk", [(2, 37, 5, 3, 8), (1, 5, 4, 2, 16), (3, 64, 6, 4, 16),
                                            (2, 1, 3, 2, None), (2, 50, 4, 16, None), (1, 23, 3, 5, 1),
                                            (2, 40, 19, 16, None)])
-def test_fast_scans_match_reference(b, l, d, n, chunk, kernel):
+def test_fast_scans_match_reference(b, l, d, n, chunk, backend):
     seed = b * 1000 + l
     x = _inputs(b, l, d, n, seed)
-    y, h, grads = _run(selective_scan, x, seed, chunk_size=chunk, kernel=kernel)
+    y, h, grads = _run(selective_scan, x, seed, chunk_size=chunk, backend=backend)
     y_ref, h_ref, grads_ref = _run(selective_scan_ref, x, seed)
     assert _rel(y, y_ref) <= 1e-5 and _rel(h, h_ref) <= 1e-5
     for name, g, g_ref in zip(NAMES, grads, grads_ref, strict=True):
         assert _rel(g, g_ref) <= 1e-5, name
 
 
-@pytest.mark.parametrize("kernel", IMPLS)
-def test_strong_decay_stays_finite(kernel):
+@pytest.mark.parametrize("backend", IMPLS)
+def test_strong_decay_stays_finite(backend):
     """delta * A sums to ~ -1e4 within a chunk: no overflow, still equal to the reference."""
     x = _inputs(2, 40, 4, 8, seed=0, delta_scale=0.0, dtype=torch.float32)
     with torch.no_grad():
         x["delta_bias"].fill_(50.0)
-    y, h, grads = _run(selective_scan, x, 0, chunk_size=16, kernel=kernel)
+    y, h, grads = _run(selective_scan, x, 0, chunk_size=16, backend=backend)
     y_ref, h_ref, _ = _run(selective_scan_ref, x, 0)
     assert all(t.isfinite().all() for t in (y, h, *grads))
     assert _rel(y, y_ref) < 1e-5
 
 
-@pytest.mark.parametrize("kernel", IMPLS)
-def test_defaults_and_dtype(kernel):
+@pytest.mark.parametrize("backend", IMPLS)
+def test_defaults_and_dtype(backend):
     x = {k: v.detach().float() for k, v in _inputs(2, 9, 3, 4, seed=1).items()}
     del x["initial_state"]
-    y = selective_scan(**x, kernel=kernel)
+    y = selective_scan(**x, backend=backend)
     torch.testing.assert_close(y, selective_scan_ref(**x), rtol=1e-4, atol=1e-5)
-    assert selective_scan(**{k: v.bfloat16() for k, v in x.items()}, kernel=kernel).dtype == torch.bfloat16
+    assert selective_scan(**{k: v.bfloat16() for k, v in x.items()}, backend=backend).dtype == torch.bfloat16
 
 
 @NO_KERNEL
@@ -82,7 +81,7 @@ def test_kernel_splits_work_over_threads(threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        y, h, grads = _run(selective_scan, x, 7, kernel=True)
+        y, h, grads = _run(selective_scan, x, 7, backend="cpu")
     finally:
         torch.set_num_threads(previous)
     y_ref, h_ref, grads_ref = _run(selective_scan_ref, x, 7)
@@ -131,3 +130,26 @@ def test_default_chunk_is_8_tokens_on_a_cpu_and_about_sqrt_l_on_a_gpu():
     ~sqrt(L) on an H200 (results/gpu/RUN.md); on a CPU 8 measured fastest (docs/mamba.md)."""
     assert default_chunk(34816, cuda=False) == 8 and default_chunk(34816, cuda=True) == 186
     assert default_chunk(40, cuda=True) == 8  # short sequences keep the CPU's chunk
+
+
+def test_the_reference_is_a_backend_and_a_backend_that_cannot_run_says_why():
+    x = {k: v.detach() for k, v in _inputs(1, 6, 3, 4, seed=3).items()}
+    torch.testing.assert_close(selective_scan(**x, backend="ref"), selective_scan_ref(**x))
+    with pytest.raises(ValueError, match="backend must be one of"):
+        selective_scan(**x, backend="triton")
+    with pytest.raises(RuntimeError, match="CUDA input and mamba-ssm"):
+        selective_scan(**x, backend="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or mamba_inner() is None,
+                    reason="needs a CUDA GPU and mamba-ssm")
+def test_mamba_ssm_backend_matches_the_chunked_scan_on_a_gpu():
+    """mamba-ssm's selective_scan_fn (its (batch, channels, length) layout behind the op's) against the
+    chunked scan at a 125m layer's width (d_inner 1536, d_state 16), float32: outputs, last states, grads."""
+    x = {k: v.detach().float().cuda().requires_grad_() for k, v in _inputs(2, 256, 1536, 16, seed=4).items()}
+    del x["initial_state"]
+    runs = [_run(selective_scan, x, 4, backend=backend) for backend in ("cuda", "torch")]
+    (y, h, grads), (y_ref, h_ref, grads_ref) = runs
+    assert _rel(y, y_ref) <= 1e-4 and _rel(h, h_ref) <= 1e-4
+    for name, g, g_ref in zip(NAMES, grads, grads_ref, strict=True):
+        assert _rel(g, g_ref) <= 1e-3, name

@@ -19,8 +19,8 @@ loads it with ctypes; it returns False, and the layer runs the PyTorch scan, whe
 TTT_BENCH_MAMBA_KERNEL=0. The (sequence, channel block) pairs are split over torch.get_num_threads()
 threads: PyTorch's own OpenMP threads (the library's libgomp.so.1 is the one PyTorch loaded), or Python
 threads where the compiler has no OpenMP.
-Same function as `scan.py`; tests/test_mamba_scan.py checks both against `scan_ref.py` (float64, outputs and
-gradients).
+Same function as `scan.py`; tests/test_ops_selective_scan.py checks both against `scan_ref.py` (float64,
+outputs and gradients).
 """
 
 import ctypes

@@ -12,9 +12,10 @@ from . import learner
 from .learner import Params
 
 
-def naive_ttt(params: Params, XQ, XK, XV, lr, token_eta, mini_batch_size: int, ln=None) -> torch.Tensor:
+def naive_ttt(params: Params, XQ, XK, XV, lr, token_eta, mini_batch_size: int, ln=None) -> tuple:
     """XQ/XK/XV [B, H, T, f], lr [B, H, T] (the learned inner learning rate of each token), token_eta [b]
-    (scaling of the i-th token of a mini-batch), weights [B, H, ...] as in learner.py -> Z [B, H, T, f]."""
+    (scaling of the i-th token of a mini-batch), weights [B, H, ...] as in learner.py -> (Z [B, H, T, f], the
+    weights after the last complete mini-batch)."""
     T = XQ.shape[2]
     outs = []
     with torch.enable_grad():
@@ -36,4 +37,4 @@ def naive_ttt(params: Params, XQ, XK, XV, lr, token_eta, mini_batch_size: int, l
             outs.append(learner.predict(W_t, XQ[:, :, t : t + 1], ln))  # z_t = f(theta_Q x_t; W_t)   (Eq. 5)
             if i == mini_batch_size - 1:
                 params = W_t
-    return torch.cat(outs, 2)
+    return torch.cat(outs, 2), params

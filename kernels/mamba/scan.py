@@ -25,7 +25,7 @@ Decays are exp(delta A) <= 1 products, so there is no overflow; padding position
 (a = 1, b = 0) and carry the state.
 
 This is the portable path (`model.block.backend=torch`, and wherever the C++ kernel of `scan_cpu.py`
-does not build); `selective_scan` runs that kernel by default on CPUs.
+does not build): the backend `torch` of `ops.selective_scan`, which runs that kernel by default on CPUs.
 
 Layout: (batch, length, channels), unlike mamba-ssm's (batch, channels, length).
 """
@@ -34,8 +34,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
-from . import scan_cpu
 
 # Tokens per chunk when the caller gives none: the loops' Q steps and the nc chunk steps of small
 # tensors; 8 measured fastest at the CPU sweeps' sizes (docs/mamba.md).
@@ -181,36 +179,13 @@ class _SelectiveScan(torch.autograd.Function):
         return gu, gdelta, gA, gB, gC, gD, gz, gbias, gh0, None, None
 
 
-def use_kernel(u: torch.Tensor, d_state: int, kernel: bool | None = None) -> bool:
-    """Whether `selective_scan` runs the C++ kernel: kernel=None where it builds and supports the inputs,
-    False never, True always (an error where it cannot)."""
-    if kernel is False:
-        return False
-    ok = scan_cpu.supports(u, d_state) and scan_cpu.available()
-    if kernel and not ok:
-        raise RuntimeError("the Mamba CPU kernel needs CPU float32/float64 inputs, d_state <= "
-                           f"{scan_cpu.MAX_STATE} and a C++ compiler (see docs/mamba.md)")
-    return ok
-
-
-def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   initial_state=None, return_last_state=False, chunk_size=None, kernel=None):
-    """Mamba's selective scan, as mamba-ssm's `selective_scan_fn` but in (batch, length, channels) layout.
-
-    u, delta, z: [b, l, d]; A: [d, n]; B, C: [b, l, n]; D, delta_bias: [d]; initial_state: [b, d, n].
-    kernel: the C++ kernel of scan_cpu.py (None: where available, see `use_kernel`) or the chunked PyTorch
-    scan (False), whose chunk_size is the tokens per chunk (default `default_chunk`). Returns y [b, l, d] (and
-    the last state [b, d, n] with return_last_state). Computes in float32 (float64 for float64 inputs),
-    returns u's dtype.
-    """
-    out_dtype, dtype = u.dtype, torch.promote_types(u.dtype, torch.float32)
-    cast = lambda x: None if x is None else x.to(dtype)
-    if use_kernel(u, A.shape[1], kernel):
-        inputs = map(cast, (u, delta, A, B, C, D, z, delta_bias, initial_state))
-        y, h_last = scan_cpu.KernelScan.apply(*inputs, delta_softplus)
-    else:
-        h0 = u.new_zeros(u.shape[0], u.shape[2], A.shape[1]) if initial_state is None else initial_state
-        inputs = map(cast, (u, delta, A, B, C, D, z, delta_bias, h0))
-        y, h_last = _SelectiveScan.apply(*inputs, delta_softplus, chunk_size)
-    y = y.to(out_dtype)
+def chunked_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial_state=None,
+                 return_last_state=False, chunk_size=None):
+    """The chunked scan: `ops.selective_scan(..., backend="torch")`, whose arguments it takes; chunk_size is
+    the tokens per chunk (default `default_chunk`). Computes in float32 (float64 for float64 inputs)."""
+    dtype = torch.promote_types(u.dtype, torch.float32)
+    h0 = u.new_zeros(u.shape[0], u.shape[2], A.shape[1]) if initial_state is None else initial_state
+    inputs = (None if x is None else x.to(dtype) for x in (u, delta, A, B, C, D, z, delta_bias, h0))
+    y, h_last = _SelectiveScan.apply(*inputs, delta_softplus, chunk_size)
+    y = y.to(u.dtype)
     return (y, h_last) if return_last_state else y
