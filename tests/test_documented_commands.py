@@ -127,6 +127,8 @@ BENCH = {
               "--warmup", "0", "--repeats", "1", "--threads", "1", "--device", "cpu"],
     "scan": ["--batch", "1", "--seqlen", "32", "--ref-seqlen", "16", "--d-model", "8", "--repeats", "1"],
     "step": ["--models", "transformer", "--size", "xs", "--seq-len", "16", "--vocab-size", "64"],
+    "profile": ["--models", "ttt_linear,mamba", "--size", "xs", "--seq-len", "32", "--top", "5",
+                "--warmup", "0", "--threads", "1", "--device", "cpu"],
 }
 
 

@@ -1,5 +1,5 @@
-"""Shared building blocks against their PyTorch references: the causal conv (conv2d on a channels-last view,
-its own backward) vs F.conv1d, the
+"""Shared building blocks against their PyTorch references: the causal conv (the op kernels/conv.py: conv2d on
+a channels-last view with its own backward, causal-conv1d's CUDA kernel on a GPU) vs F.conv1d, the
 complex-number RoPE of the TTT layer vs the rotation written out, RMSNorm vs its formula (float64)."""
 
 import random
@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from ttt_bench.kernels import conv
 
 from tests.conftest import rel_err
 from ttt_bench.models import layers
@@ -40,6 +41,31 @@ def test_causal_conv_equals_conv1d_in_one_call_and_in_pieces(seed, direct, monke
         for a, b in zip(torch.autograd.grad(torch.cat([y1, y2], 1), [x, *params], dy),  # through the state
                         torch.autograd.grad(ref, [x, *params], dy), strict=True):
             assert rel_err(a, b) <= 1e-12
+
+
+def test_the_conv_op_names_its_backends():
+    x, weight = torch.randn(1, 5, 3), torch.randn(3, 4)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        conv.causal_conv1d(x, weight, None, backend="triton")
+    with pytest.raises(RuntimeError, match="CUDA input"):
+        conv.causal_conv1d(x, weight, None, backend="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or conv._causal_conv1d_fn() is None,
+                    reason="needs a CUDA GPU and causal-conv1d")
+def test_causal_conv1d_backend_matches_torch_on_a_gpu():
+    """causal-conv1d's kernel on a view into a fused projection (as the TTT layer passes it), float32:
+    outputs and gradients against the torch backend."""
+    torch.manual_seed(0)
+    fused = torch.randn(2, 300, 3 * 768, device="cuda", dtype=torch.float32)
+    x = fused[..., 768 : 2 * 768].requires_grad_()
+    weight, bias = (torch.randn(*s, device="cuda", requires_grad=True) for s in ((768, 4), (768,)))
+    runs = [conv.causal_conv1d(x, weight, bias, backend=b) for b in ("cuda", "torch")]
+    dy = torch.randn_like(runs[0])
+    grads = [torch.autograd.grad(y, (x, weight, bias), dy) for y in runs]
+    assert rel_err(runs[0], runs[1]) <= 1e-5
+    for a, b in zip(*grads, strict=True):
+        assert rel_err(a, b) <= 1e-4
 
 
 def test_rope_pairs_rotate_adjacent_pairs():

@@ -158,3 +158,19 @@ def test_a_model_cast_to_bfloat16_prefills_and_decodes_with_a_float32_inner_loop
     assert full.dtype == torch.bfloat16 and torch.isfinite(full.float()).all()
     assert rel_err(full.float(), ref) <= 0.05
     assert rel_err(torch.cat(steps, 1).float(), full.float()) <= 0.05
+
+
+@pytest.mark.parametrize("backbone", ["mamba", "transformer"])
+def test_the_fused_projection_is_the_separate_projections(backbone):
+    """One GEMM over the concatenated weights (TTTLayer.project) gives each view as its own projection:
+    theta_Q x, theta_K x (not with share_qk, the Mamba backbone's), theta_V x, the gate's theta_G x (the
+    Mamba backbone's) and the inner learning rate's logits theta_lr . x."""
+    layer = tiny_model(1, backbone=backbone).blocks[0].ttt
+    x = torch.randn(2, 7, 16)
+    views = layer.project(x)
+    want = {"q": layer.q_proj(x), "k": None if layer.share_qk else layer.k_proj(x), "v": layer.v_proj(x),
+            "g": None if layer.g_proj is None else layer.g_proj(x),
+            "lr": F.linear(x, layer.lr_weight.flatten(1))}
+    assert (views["k"] is None) == (backbone == "mamba") and (views["g"] is None) == (backbone != "mamba")
+    for name, w in want.items():
+        assert (views[name] is None) == (w is None) and (w is None or rel_err(views[name], w) < 1e-14), name

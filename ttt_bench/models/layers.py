@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.fusion import fuse
+from ..kernels import conv
 
 
 class RMSNorm(nn.Module):
@@ -50,7 +50,10 @@ def apply_rope_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     pair is a complex number, multiplied by its rotation in `freqs` (layers.rope_freqs), in float32 or
     float64."""
     real = x.to(torch.promote_types(x.dtype, torch.float32))
-    real = real if real.stride(-1) == 1 else real.contiguous()
+    # a complex view needs pairs contiguous and every other stride even (a view into a fused projection of
+    # odd width is copied)
+    strided = real.stride(-1) != 1 or any(st % 2 for st in real.stride()[:-1])
+    real = real.contiguous() if strided else real
     pairs = torch.view_as_complex(real.unflatten(-1, (-1, 2)))
     return torch.view_as_real(pairs * freqs.to(pairs.dtype)).flatten(-2).type_as(x)
 
@@ -61,9 +64,10 @@ DIRECT_MAX_TOKENS = 32  # up to B * T tokens (decoding), CausalConv1d takes k pr
 class CausalConv1d(nn.Conv1d):
     """Depthwise temporal convolution over [B, T, C] that only looks back (the parameters of
     nn.Conv1d(C, C, k, groups=C)). `state`: the last k - 1 inputs of the previous call, [B, k - 1, C].
-    Returns the output [B, T, C] and the state for the next call. Runs `DepthwiseConv` (conv2d on a
-    channels-last view), or for a few tokens (decoding) each output's window of inputs times the kernel.
-    Tests compare both with F.conv1d."""
+    Returns the output [B, T, C] and the state for the next call. Runs the op `conv.causal_conv1d`
+    (kernels/conv.py: causal-conv1d's CUDA kernel where it is installed, else conv2d on a channels-last view),
+    or for a few tokens (decoding) each output's window of inputs times the kernel. Tests compare every path
+    with F.conv1d."""
 
     def __init__(self, channels: int, kernel_size: int, bias: bool = True, fused: bool = False):
         super().__init__(channels, channels, kernel_size, groups=channels, bias=bias)
@@ -76,70 +80,17 @@ class CausalConv1d(nn.Conv1d):
         weight, bias = self.weight[:, 0].to(x.dtype), None if self.bias is None else self.bias.to(x.dtype)
         if state is None and B * T > DIRECT_MAX_TOKENS:  # the convolution pads the zeros: no copy of x
             recent = torch.cat([history, x[:, max(0, T - k + 1) :]], 1)
-            y = DepthwiseConv.apply(x, weight, bias, k - 1, self.fused)
+            y = conv.causal_conv1d(x, weight, bias, fused=self.fused)
             return y, recent[:, recent.shape[1] - (k - 1) :]
         full = torch.cat([history, x], 1)
         if T == 0:
             return x, full.clone()
         if B * T > DIRECT_MAX_TOKENS:
-            y = DepthwiseConv.apply(full, weight, bias, 0, self.fused)
+            y = conv.depthwise_conv(full, weight, bias, pad=0, fused=self.fused)
         else:  # each output: its window of k inputs times the kernel
             y = torch.linalg.vecdot(full.unfold(1, k, 1), weight)
             y = y if bias is None else y + bias
         return y, full[:, T:].clone()
-
-
-def _as_image(x: torch.Tensor) -> torch.Tensor:
-    """Token-major [B, T, C] as [B, C, T, 1] for conv2d: a view, channels-last when x is contiguous."""
-    return x.unsqueeze(2).permute(0, 3, 1, 2)
-
-
-def _as_tokens(y: torch.Tensor) -> torch.Tensor:
-    """conv2d's [B, C, T, 1] back to token-major [B, T, C], a view."""
-    return y[..., 0].transpose(1, 2)
-
-
-class DepthwiseConv(torch.autograd.Function):
-    """y_t = bias + sum_j weight[:, j] * x_{t + j - pad} for x [B, T_in, C] (token-major), weight [C, k]:
-    with pad = k - 1 (zeros on the left) the causal convolution of x; with pad = 0, x holds the k - 1
-    inputs before the first output.
-
-    The token-major layout is the channels-last layout of a [B, C, T, 1] image, so conv2d runs on views
-    (oneDNN's depthwise kernel on CPUs, 8x faster than k shifted multiply-adds) for the output and for the
-    input's gradient (the same convolution of dy with the kernel flipped). The weight's gradient is k
-    products summed over batch and time (`kernel_grad`): conv2d's own is 4x slower in this layout.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, pad: int, fused: bool = False):
-        C, k = weight.shape
-        ctx.save_for_backward(x, weight)
-        ctx.pad, ctx.fused = pad, fused
-        y = F.conv2d(_as_image(x.contiguous()), weight[:, None, :, None], bias, padding=(pad, 0), groups=C)
-        return _as_tokens(y)[:, : x.shape[1] + pad - k + 1]
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        (C, k), pad, T_in = weight.shape, ctx.pad, x.shape[1]
-        dy = dy.contiguous()
-        # dx_s = sum_j weight_j dy_{s + pad - j}: dy convolved with the flipped kernel, k - 1 zeros each side.
-        # Under autocast (bf16-mixed) the forward's conv2d ran in bf16 and dy is bf16: so does this one (the
-        # backward runs outside autocast); autograd casts each gradient to its input's dtype.
-        flipped = weight.flip(1)[:, None, :, None].to(dy.dtype)
-        dx = _as_tokens(F.conv2d(_as_image(dy), flipped, padding=(k - 1, 0), groups=C))[:, pad : pad + T_in]
-        dweight = fuse(kernel_grad, ctx.fused)(dy, x, pad, k)
-        dbias = dy.sum((0, 1), dtype=weight.dtype) if ctx.needs_input_grad[2] else None
-        return dx, dweight, dbias, None, None
-
-
-def kernel_grad(dy: torch.Tensor, x: torch.Tensor, pad: int, k: int) -> torch.Tensor:
-    """The gradient [C, k] of the kernel of y_t = sum_j weight_j x_{t + j - pad}: the sum over (B, t) of
-    dy_t x_{t + j - pad}, x padded with zeros on the left so that every tap sums over the same tokens (one
-    loop for all of them under torch.compile)."""
-    T = dy.shape[1]
-    x = F.pad(x, (0, 0, pad, 0))
-    return torch.stack([(dy * x[:, j : j + T]).sum((0, 1)) for j in range(k)], -1)
 
 
 class SwiGLU(nn.Module):

@@ -236,15 +236,31 @@ class TTTLayer(nn.Module):
         return (at_least_f32(self.ttt_norm_weight).view(self.n_heads, 1, -1),
                 at_least_f32(self.ttt_norm_bias).view(self.n_heads, 1, -1))
 
-    def inner_lr(self, x: torch.Tensor) -> torch.Tensor:
-        """lr of every token [B, H, T]: eta_base * sigmoid(theta_lr . x + bias) / head_dim (the authors'
-        scaling; the 1/2 of Appendix A's loss is folded in too), times the warmup of eta_base."""
+    def inner_lr(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """lr of every token [B, H, T] of x [B, T, d]: eta_base * sigmoid(theta_lr . x + bias) / head_dim (the
+        authors' scaling; the 1/2 of Appendix A's loss is folded in too), times the warmup of eta_base.
+        logits: theta_lr . x [B, T, H] where the fused projection (`project`) computed them."""
         base = self.eta_base * self.eta_scale / self.head_dim
         if not self.learnable_lr:
-            return x.new_full((x.shape[0], self.n_heads, x.shape[1]), base)
-        # one [d, H] projection (an einsum over the [H, 1, d] weight would copy x for its backward): [B, T, H]
-        logits = F.linear(x, at_least_f32(self.lr_weight).flatten(1), at_least_f32(self.lr_bias).flatten())
+            return at_least_f32(x).new_full((x.shape[0], self.n_heads, x.shape[1]), base)
+        if logits is None:  # one [d, H] projection (an einsum over the [H, 1, d] weight would copy x)
+            logits = F.linear(x, self.lr_weight.flatten(1).to(x.dtype))
+        logits = at_least_f32(logits) + at_least_f32(self.lr_bias).flatten()
         return base * torch.sigmoid(logits).transpose(1, 2)
+
+    def project(self, x: torch.Tensor) -> dict:
+        """theta_Q x, theta_K x (not with share_qk: its one projection feeds both convs), theta_V x, the
+        gate's theta_G x and the inner learning rate's logits theta_lr . x [B, T, H], in one GEMM over the
+        concatenated weights (the authors' fused `qkv_learnable_ttt_lr_proj`): x is read once, one launch.
+        {"q", "k", "v", "g", "lr"}: views of its output [B, T, .], None where the layer has no such part."""
+        lr_weight = getattr(self, "lr_weight", None)
+        parts = {"q": self.q_proj.weight, "k": None if self.share_qk else self.k_proj.weight,
+                 "v": self.v_proj.weight, "g": None if self.g_proj is None else self.g_proj.weight,
+                 "lr": None if lr_weight is None else lr_weight.flatten(1)}
+        weights = [w for w in parts.values() if w is not None]
+        out = F.linear(x, torch.cat([w.to(weights[0].dtype) for w in weights]))
+        views = iter(out.split([w.shape[0] for w in weights], -1))
+        return {name: None if w is None else next(views) for name, w in parts.items()}
 
     def token_eta(self, start: int, length: int) -> torch.Tensor:
         scale = self.token_idx if self.token_idx_offset is None else self.token_idx + self.token_idx_offset
@@ -412,15 +428,15 @@ class TTTLayer(nn.Module):
             )
         self.diagnostics.add(self.layer_idx, torch.cat(outs, 2).mean((0, 1)), B)
 
-    def _heads(self, x, xq, xk, xv, cache: TTTCache | None) -> torch.Tensor:
-        """The inner loop on heads-major xq, xk, xv [B, H, T, f] (float32 at least): [B, H, T, f]."""
+    def _heads(self, xq, xk, xv, lr, cache: TTTCache | None) -> torch.Tensor:
+        """The inner loop on heads-major xq, xk, xv [B, H, T, f] (float32 at least), with the inner learning
+        rates lr [B, H, T]: [B, H, T, f]."""
         if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
             if cache is not None:
                 if cache.kv is not None:
                     xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
                 cache.kv = (xk, xv)
             return learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
-        lr = self.inner_lr(x.to(xq.dtype))
         if self.diagnostics is not None and cache is None:
             self._record_inner_losses(xk, xv, lr)
         return self._ttt(xq, xk, xv, lr, cache)
@@ -430,14 +446,12 @@ class TTTLayer(nn.Module):
     def forward(self, x: torch.Tensor, cache: TTTCache | None = None) -> torch.Tensor:
         B, T, D = x.shape
         start = cache.pos if cache is not None else 0
-        xv = self.v_proj(x)
+        views = self.project(x)
+        xq, xk, xv = views["q"], views["k"], views["v"]
         if self.share_qk:
-            xqk = self.q_proj(x)
             conv = cache.conv if cache is not None else {}
-            xq, conv["q"] = self.conv_q(xqk, conv.get("q"))
-            xk, conv["k"] = self.conv_k(xqk, conv.get("k"))
-        else:
-            xq, xk = self.q_proj(x), self.k_proj(x)
+            xq, conv["q"] = self.conv_q(views["q"], conv.get("q"))
+            xk, conv["k"] = self.conv_k(views["q"], conv.get("k"))
         xq, xk, xv = (t.view(B, T, self.n_heads, self.head_dim) for t in (xq, xk, xv))
         if self.rope:  # positions within the mini-batch; token-major, as the projections lay them out
             positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
@@ -447,15 +461,16 @@ class TTTLayer(nn.Module):
         # training): its weights are float32 parameters, its gradient steps need the precision
         inner = torch.promote_types(xq.dtype, torch.float32)
         with torch.autocast(x.device.type, enabled=False):
+            lr = None if self.learner == "kernel" else self.inner_lr(x, views["lr"])
             if precision := self.prefill_kernel(xq, cache):  # token-major, in the projections' dtype
-                z = self._prefill(xq, xk, xv, self.inner_lr(x.to(inner)), cache, precision).transpose(1, 2)
+                z = self._prefill(xq, xk, xv, lr, cache, precision).transpose(1, 2)
             else:
-                z = self._heads(x, *(t.transpose(1, 2).to(inner) for t in (xq, xk, xv)), cache)
+                z = self._heads(*(t.transpose(1, 2).to(inner) for t in (xq, xk, xv)), lr, cache)
 
         # back to the parameters' dtype (a no-op unless the model itself is cast, e.g. to bfloat16)
         z = self.post_norm(z.transpose(1, 2).reshape(B, T, D).to(self.post_norm.weight.dtype))
         if self.g_proj is not None:
-            z = fuse(gelu_gate, self.fused)(self.g_proj(x), z)
+            z = fuse(gelu_gate, self.fused)(views["g"], z)
         if cache is not None:
             cache.pos += T
         return self.o_proj(z)
