@@ -87,8 +87,18 @@ F3_1B = ["--size", "1.3b", "--dtype", "bfloat16", "--phases", "prefill"]
 BENCH = {
     "bench": {
         "forms": (["--d-model", "768", "--n-heads", "12", "--seq-len", "2048", "--tokens", "16384",
-                   "--repeats", "3"],
+                   "--repeats", "5"],
                   ["--quick", "--no-fused", "--repeats", "1", "--warmup", "0", "--device", "cpu"]),
+        # the inner loop alone at 1.3b's head shape (32 heads of 64), fla beside it where installed
+        "forms_1.3b": (["--d-model", "2048", "--n-heads", "32", "--seq-len", "2048", "--tokens", "16384",
+                        "--scopes", "core", "--repeats", "5"],
+                       ["--quick", "--no-fused", "--scopes", "core", "--repeats", "1", "--warmup", "0",
+                        "--device", "cpu"]),
+        # where one block's forward and backward spend their time at 1.3b (issue 48's profile)
+        "profile_1.3b": (["--models", "ttt_linear,transformer", "--size", "1.3b", "--seq-len", "2048",
+                          "--batch", "4", "--dtype", "bfloat16", "--top", "20"],
+                         ["--models", "ttt_linear", "--size", "xs", "--seq-len", "32", "--top", "5",
+                          "--warmup", "0", "--device", "cpu"]),
         "models_125m": (["--size", "125m", "--dtype", "bfloat16", "--phases", "prefill,decode", "--contexts",
                          "1024-16384", "--batch", "4", "--decode-batch", "16", "--repeats", "2"],
                         ["--preset", "quick", "--phases", "prefill,decode", "--contexts", "64,128",
@@ -319,19 +329,27 @@ def run_suite(suite_name: str, argv: list[str], out: Path):
     return df
 
 
+def suite_of(part: str) -> str:
+    """The `ttt-bench bench` suite of a bench stage's part: forms_*, profile_*, else models."""
+    return part.split("_")[0] if part.split("_")[0] in ("forms", "profile") else "models"
+
+
 def stage_bench(st: Stage) -> None:
     from ttt_bench.bench.models import summary as models_summary
+    from ttt_bench.bench.profile import summary as profile_summary
 
     for part, (real, dry) in BENCH[st.name].items():
-        suite = "forms" if part == "forms" else "models"
+        suite = suite_of(part)
         argv = dry if st.dry else real
         out = st.dir / BENCH_OUT[part]
         df = st.timed(shlex.join(["ttt-bench", "bench", suite, *argv, "--out", str(out)]),
                       lambda suite=suite, argv=argv, out=out: run_suite(suite, argv, out))
         if suite == "forms":
             for _, r in df.iterrows():
-                st.numbers.append(f"forms {r['scope']} {r['impl']}: {r['ms_fwd_bwd']:.2f} ms fwd+bwd, "
+                st.numbers.append(f"{part} {r['scope']} {r['impl']}: {r['ms_fwd_bwd']:.2f} ms fwd+bwd, "
                                   f"{r['speedup_vs_dual']:.2f}x the dual form's speed")
+        elif suite == "profile":
+            st.numbers += [f"{part}: {line}" for line in profile_summary(df)]
         else:
             st.numbers += [f"{part}: {line}" for line in models_summary(df)]
             notes = df["note"].dropna() if "note" in df else []

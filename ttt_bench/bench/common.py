@@ -137,7 +137,8 @@ def timings(fns: dict[str, Callable[[], object]], device: torch.device, warmup: 
             repeats: int) -> dict[str, Timing]:
     """{name: Timing of fns[name]()}: `warmup` untimed rounds, then `repeats` rounds that call every
     function once in turn, so that a slow spell of a noisy machine hits all of them alike and their ratios
-    stay fair. The device is synced around every timed call."""
+    stay fair. On a CPU the wall time of each call; on a GPU each call's time between two CUDA events
+    recorded on its stream around it (the device synced before the call, so that it starts idle)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -145,12 +146,23 @@ def timings(fns: dict[str, Callable[[], object]], device: torch.device, warmup: 
     with OtherWork() as others:
         for _ in range(repeats):
             for name, fn in fns.items():
-                sync(device)
-                start = time.perf_counter()
-                fn()
-                sync(device)
-                times[name].append(time.perf_counter() - start)
+                times[name].append(_timed_call(fn, device))
     return {name: Timing(statistics.median(t), min(t), max(t), others.cores) for name, t in times.items()}
+
+
+def _timed_call(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of fn: CUDA events on a GPU, the wall clock elsewhere."""
+    sync(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _rss_bytes() -> int:
