@@ -286,7 +286,7 @@ def prefill_reference(XQ, XK, XV, lr, W, b, ln_weight, ln_bias, token_eta=None, 
                       dtype=torch.float64):
     """The kernel's function in PyTorch (float64 by default), mini-batch by mini-batch in dual form, with the
     same arguments and outputs as `ttt_linear_prefill` (Z [B, T, H, f] in `dtype`, W_last, b_last after the
-    last complete mini-batch). Torch only, for the GPU check (kernels/prefill_speed.py) where the rest of
+    last complete mini-batch). Torch only, for the GPU check (kernels/speed.py) where the rest of
     ttt_bench may not be installed; tests/test_kernel_prefill.py ties it to dual_scan.ttt_linear_dual."""
     B, T, H, F = XQ.shape
     c = lambda x: x.to(dtype)

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
 from ttt_bench.kernels import (
-    prefill_speed,  # noqa: E402
+    speed,  # noqa: E402
     ttt,  # noqa: E402
 )
 from ttt_bench.kernels import ttt_linear_prefill as prefill_module  # noqa: E402
@@ -167,7 +167,7 @@ def test_prefill_is_the_layers_inner_loop():
 
 @pytest.mark.parametrize("T", [32, 40])
 def test_the_torch_reference_is_the_dual_form(T):
-    """prefill_reference (torch only: the GPU check of kernels/prefill_speed.py uses it where ttt_bench's
+    """prefill_reference (torch only: the GPU check of kernels/speed.py uses it where ttt_bench's
     models are not installed) computes what dual_scan and forms do, to float64 rounding."""
     inputs = prefill_inputs(T, 16, seed=T)
     for a, r in zip(prefill_reference(*inputs), reference(*inputs), strict=True):
@@ -192,15 +192,19 @@ def test_prefill_domain_and_launch_options():
 
 
 def test_gpu_speed_script_runs(tmp_path):
-    """kernels/prefill_speed.py (scripts/gpu_speed.sh's) on tiny shapes: its check passes, every variant is
-    timed and written (on CPU in the interpreter: the timings mean nothing there)."""
-    assert prefill_speed.main(["--dry", "--out", str(tmp_path), "--warmup", "0", "--repeats", "1"]) == 0
+    """kernels/speed.py (scripts/gpu_speed.sh's) on tiny shapes: its check passes, every prefill variant and
+    every launch of the training kernel is timed and written, each launch's outputs and gradients equal to
+    the default's (on CPU in the interpreter: the timings mean nothing there)."""
+    assert speed.main(["--dry", "--out", str(tmp_path), "--warmup", "0", "--repeats", "1"]) == 0
     read = lambda name: list(csv.DictReader((tmp_path / name).open()))
-    check, speed = read("prefill_check.csv"), read("prefill_speed.csv")
+    check, prefill, train = read("prefill_check.csv"), read("prefill_speed.csv"), read("train_speed.csv")
     assert check and all(r["ok"] == "True" for r in check)
-    variants = [r["variant"] for r in speed]
+    variants = [r["variant"] for r in prefill]
     assert variants.count("old_kernel") == variants.count("old_path") == 2 and variants.count("new") == 6
-    assert all(float(r["ms_median"]) > 0 for r in speed)
+    assert all(float(r["ms_median"]) > 0 for r in prefill + train)
+    launches = {(int(r["fwd_warps"]), int(r["bwd_warps"])) for r in train if r["variant"] == "triton"}
+    assert launches >= set(speed.TRAIN_LAUNCHES[16]) and all(r["ok"] == "True" for r in train)
+    assert [r["variant"] for r in train].count("pytorch_dual") == 1
 
 
 def test_the_layer_prefills_in_the_kernel_when_no_gradient_is_recorded(monkeypatch):

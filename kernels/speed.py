@@ -1,7 +1,9 @@
-"""The TTT-Linear prefill kernel on a GPU: checked against float64, timed against the dual-form chunk kernel.
+"""TTT-Linear's Triton kernels on a GPU: the prefill kernel checked against float64 and timed against the
+dual-form chunk kernel, and the chunk kernel's training step (forward and backward) at every launch we
+would choose among.
 
-    python -m ttt_bench.kernels.prefill_speed --out DIR      # installed
-    python3 -m kernels.prefill_speed --out DIR      # from the repository root, not installed
+    python -m ttt_bench.kernels.speed --out DIR      # installed
+    python3 -m kernels.speed --out DIR      # from the repository root, not installed
 
 scripts/gpu_speed.sh runs it (make gpu-speed). Torch and Triton only, like the rest of kernels/, so that it
 runs on a GPU node where ttt_bench's other dependencies are not installed.
@@ -23,6 +25,12 @@ runs on a GPU node where ttt_bench's other dependencies are not installed.
    ms / T (one layer, the whole batch), model_ms_per_position that times the model's layers (the TTT inner
    loop's share of a forward: issue 48 measured 0.223 ms per position for the whole 1.3b model with the old
    kernel, the target 0.12). rel_err_vs_old: the new kernel's Z against the old kernel's on the same inputs.
+3. train (DIR/train_speed.csv): the chunk kernel's forward and backward (`ttt_linear_dual`, tf32, as a
+   training step runs it: float32 [B, H, N, b, f] inputs, eta, weights and LN, every gradient) at the
+   125m and 1.3b head shapes, batch --train-batch, context 2k, at its default launch and at each
+   (forward, backward) num_warps of TRAIN_LAUNCHES, every launch's outputs and gradients against the
+   default's (`ok` within CHECK_TOL); beside it the PyTorch dual form (kernels/ttt/dual_scan.py), whose time
+   the kernel replaces. The fastest launch that is `ok` is what _LAUNCH in kernels/ttt_linear.py should say.
 """
 
 import argparse
@@ -204,6 +212,67 @@ def speed(device, models, contexts, batch, warps, warmup, repeats, seed=100) -> 
     return rows
 
 
+# (forward, backward) num_warps tried by the train stage at head size f, from the ahead-of-time compile (tf32,
+# 3 stages; aot.compile_kernel): at f = 64 with 4 warps 2 programs fit an SM, the forward spills nothing and
+# the backward 32 (sm_80) / 184 (sm_90) bytes a thread; with 8 (the default) 1 program, no spill; 16 warps
+# spill 56-608 bytes for nothing: not tried. At f = 16 nothing spills: 2 warps fit 6 (4) programs an SM.
+TRAIN_LAUNCHES = {16: [(2, 2), (4, 4), (8, 8)], 64: [(4, 4), (4, 8), (8, 8)]}
+TRAIN_CONTEXT = 2048
+
+
+def _train_step(inputs, dZ, kernel=None):
+    """One fwd+bwd of the chunk kernel in tf32 (or `kernel`): the gradients of every input under the
+    upstream gradient dZ."""
+    Z = (kernel or partial(ttt_linear.ttt_linear_dual, precision="tf32"))(*inputs)[0]
+    return torch.autograd.grad(Z, inputs, dZ)
+
+
+def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=200) -> list[dict]:
+    from .ttt import dual_scan
+
+    rows = []
+    for model in models:
+        H, f, layers = MODELS[model]
+        seed += 1
+        XQ, XK, XV, lr, W, bias, lnw, lnb, te = make_inputs(batch, context, H, f, torch.float32, device, seed)
+        old = old_inputs(XQ, XK, XV, lr, W, bias, te)
+        inputs = [t.detach().contiguous().requires_grad_() for t in (*old, lnw, lnb)]
+        dZ = torch.randn_like(inputs[0])
+        common = {"model": model, "heads": H, "head_dim": f, "layers": layers, "batch": batch,
+                  "context": context, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+        default = ttt_linear._LAUNCH["tf32"][f]
+        ref = _train_step(inputs, dZ)
+        ms_default = None
+        for fwd, bwd in dict.fromkeys([(default[0][0], default[1][0]), *TRAIN_LAUNCHES.get(f, [])]):
+            ttt_linear._LAUNCH["tf32"][f] = ((fwd, default[0][1]), (bwd, default[1][1]))
+            try:
+                err = max(rel_err(a, b) for a, b in zip(_train_step(inputs, dZ), ref, strict=True))
+                times, error = timed(partial(_train_step, inputs, dZ), warmup, repeats, device), ""
+            except Exception as e:  # noqa: BLE001  (a launch that does not compile or fit: recorded)
+                err, times, error = float("inf"), [float("nan")], f"{type(e).__name__}: {str(e)[:200]}"
+            finally:
+                ttt_linear._LAUNCH["tf32"][f] = default
+            ms = statistics.median(times)
+            ms_default = ms_default or ms
+            rows.append({**common, "variant": "triton", "precision": "tf32", "fwd_warps": fwd,
+                         "bwd_warps": bwd, "ms_median": round(ms, 4), "ms_min": round(min(times), 4),
+                         "ms_max": round(max(times), 4), "repeats": len(times),
+                         "us_per_mini_batch": round(1e3 * ms / (context // MINI_BATCH), 3),
+                         "speedup_vs_default": round(ms_default / ms, 3), "err_vs_default": f"{err:.1e}",
+                         "ok": err <= CHECK_TOL["tf32"], "error": error})
+            print(f"train {model} warps fwd={fwd} bwd={bwd}: {ms:9.3f} ms fwd+bwd, err {err:.1e} {error}",
+                  flush=True)
+        times = timed(partial(_train_step, inputs, dZ, dual_scan.ttt_linear_dual), warmup, repeats, device)
+        rows.append({**common, "variant": "pytorch_dual", "precision": "float32",
+                     "ms_median": round(statistics.median(times), 4), "ms_min": round(min(times), 4),
+                     "ms_max": round(max(times), 4), "repeats": len(times),
+                     "speedup_vs_default": round(ms_default / statistics.median(times), 3), "ok": True})
+        print(f"train {model} pytorch dual: {statistics.median(times):9.3f} ms fwd+bwd", flush=True)
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def write_csv(path, rows):
     if not rows:
         return
@@ -217,7 +286,8 @@ def write_csv(path, rows):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="folder for prefill_check.csv and prefill_speed.csv")
-    p.add_argument("--stage", choices=("check", "speed", "all"), default="all")
+    p.add_argument("--stage", choices=("check", "speed", "train", "all"), default="all")
+    p.add_argument("--train-batch", type=int, default=8, help="sequences of the train stage's step")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     p.add_argument("--batch", type=int, default=BATCH)
@@ -236,6 +306,9 @@ def main(argv=None) -> int:
     if args.dry:  # one tiny shape in place of the models: heads 2 of 16, contexts of 2 and 3 mini-batches
         MODELS["dry"] = (2, 16, 2)
         args.models, args.contexts, args.batch, args.check_f = ["dry"], [32, 48], 1, [16]
+        args.train_batch, train_context = 1, 32
+    else:
+        train_context = TRAIN_CONTEXT
     os.makedirs(args.out, exist_ok=True)
     ok = True
     if args.stage in ("check", "all"):
@@ -254,6 +327,10 @@ def main(argv=None) -> int:
             print(f"| {r['model']} | {r['context']} | {r['variant']} | {r['num_warps']} | {r['ms_median']} | "
                   f"{r['us_per_mini_batch']} | {r['model_ms_per_position']:.4f} | "
                   f"{r.get('speedup_vs_old_kernel', '')} | {r['rel_err_vs_old']} |")
+    if args.stage in ("train", "all"):
+        rows = train(device, args.models, args.train_batch, args.warmup, args.repeats, train_context)
+        write_csv(os.path.join(args.out, "train_speed.csv"), rows)
+        ok = ok and all(r["ok"] for r in rows)
     return 0 if ok else 1
 
 
