@@ -6,7 +6,7 @@
 each with a `backend` argument: PyTorch references and forms (kernels/ttt/, kernels/mamba/), the C++ CPU
 scan, mamba-ssm, and the Triton kernels in this folder: TTT-Linear's dual form (ttt_linear.py, forward and
 backward), prefill (ttt_linear_prefill.py, forward only, token-major 16-bit inputs) and decode
-(ttt_decode.py), TTT-MLP's dual form (ttt_mlp.py) and decode (ttt_mlp_decode.py). A leaf: torch and
+(ttt_decode.py), TTT-MLP's dual form (ttt_mlp.py, forward and backward) and decode (ttt_mlp_decode.py). A leaf: torch and
 Triton only, nothing of ttt_bench. Whether a Triton kernel passed its check on this GPU, and so whether a
 layer asks for it, is ttt_bench/models/ttt/kernel_check.py's.
 

@@ -54,10 +54,18 @@ PREFILL_PRECISIONS = ("bf16", "tf32")
 MINI_BATCH = ttt_linear.MINI_BATCHES[0]  # b = 16: the mini-batch size of every paper configuration
 
 # kernel -> (module attribute, the integer arguments; every other non-constexpr argument is an fp32 pointer)
+
+
+def _STRIDES(*names: str) -> tuple:  # noqa: N802  (a table-building helper beside the tables)
+    """The (batch, head, token) stride arguments of the kernels' tensors named `names`."""
+    return tuple(f"{n}_{d}" for n in names for d in "bht")
+
+
 _KERNELS = {
-    "forward": ("ttt_linear", "_dual_fwd_kernel", ("N", "H")),
-    "inference": ("ttt_linear", "_dual_fwd_kernel", ("N", "H")),
-    "backward": ("ttt_linear", "_dual_bwd_kernel", ("N", "H")),
+    "forward": ("ttt_linear", "_dual_fwd_kernel", ("N", "H", *_STRIDES("sq", "sk", "sv", "sz", "sl"))),
+    "inference": ("ttt_linear", "_dual_fwd_kernel", ("N", "H", *_STRIDES("sq", "sk", "sv", "sz", "sl"))),
+    "backward": ("ttt_linear", "_dual_bwd_kernel",
+                 ("N", "H", *_STRIDES("sq", "sl", "sdx"))),
     "decode": ("ttt_decode", "_decode_kernel", ("H",)),
     "prefill": ("ttt_linear_prefill", "_prefill_kernel", (
         "T", "H", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h", "sz_b", "sz_t",
@@ -71,6 +79,13 @@ _PREFILL_ACTIVATIONS = ("XQ", "XK", "XV", "Z")
 _PREFILL_DTYPE = {"bf16": "*bf16", "fp16": "*fp16", "tf32": "*fp32", "ieee": "*fp32"}
 _PREFILL_ALIGNED = ("sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h", "sz_b", "sz_t",
                     "sz_h", "sw_b", "sw_h", "sb_b", "sb_h")
+# the chunk kernels' activations (pointers in the activations' dtype: bf16 under autocast, with tf32 matmuls,
+# the layer's training default on CUDA; float32 with ieee) and their strides, multiples of 16 elements for
+# [B, T, H, f] tensors at every head size (lr's, [B, H, T] viewed from [B, T, H], vary)
+_DUAL_ACTIVATIONS = {"forward": ("XQ", "XK", "XV", "Z"), "inference": ("XQ", "XK", "XV", "Z"),
+                     "backward": ("XQ", "XK", "XV", "DZ", "DXQ", "DXK", "DXV")}
+_DUAL_DTYPE = {"tf32": "*bf16", "ieee": "*fp32"}
+_DUAL_ALIGNED = _STRIDES("sq", "sk", "sv", "sz", "sdz", "sdx")
 _PTXAS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 
@@ -122,9 +137,11 @@ def compile_kernel(kernel: str, arch: int, f: int, precision: str = "ieee", b: i
     signature = {a: "constexpr" if a in constexprs else "i32" if a in ints else "*fp32" for a in fn.arg_names}
     if kernel == "prefill":
         signature.update({a: _PREFILL_DTYPE[precision] for a in _PREFILL_ACTIVATIONS})
+    elif kernel in _DUAL_ACTIVATIONS:
+        signature.update({a: _DUAL_DTYPE[precision] for a in _DUAL_ACTIVATIONS[kernel]})
     # as at a launch: torch's allocations are 16-byte aligned and Triton specializes pointers on that (and
     # integers that are multiples of 16)
-    aligned = _PREFILL_ALIGNED if kernel == "prefill" else ()
+    aligned = _PREFILL_ALIGNED if kernel == "prefill" else _DUAL_ALIGNED
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
              if signature[a].startswith("*") or a in aligned}
     record = {"kernel": kernel, "arch": arch, "f": f, "precision": precision if kernel != "decode" else "-",

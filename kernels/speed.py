@@ -15,10 +15,10 @@ runs on a GPU node where ttt_bench's other dependencies are not installed.
    W_last, b_last), within CHECK_TOL.
 2. speed (DIR/prefill_speed.csv): at the head shapes of 125m (12 heads of 64) and 1.3b (32 of 64), batch 16,
    contexts 2k and 8k, bf16 activations [B, T, H, f] as the projections give them:
-     old_kernel  the chunk kernel (kernels/ttt_linear.py, tf32, no states kept: inference) on its own inputs
-                 (float32 [B, H, N, b, f] and a materialised eta [B, H, N, b, b], made before the timing);
-     old_path    the same with what the layer does around it: bf16 [B, T, H, f] to float32 mini-batches,
-                 eta built, the output back to bf16 [B, T, H, f];
+     old_kernel  the chunk kernel (kernels/ttt_linear.py, tf32, no states kept: inference) on float32
+                 heads-major copies [B, H, T, f], made before the timing;
+     old_path    the chunk kernel as the layer calls it: on the bf16 [B, T, H, f] activations as they are,
+                 the output token-major in bf16;
      new         the prefill kernel from the bf16 [B, T, H, f] activations, at num_warps 1, 2, 4 (and its
                  default), the final weights written.
    Each the median of --repeats timed calls (CUDA events) after --warmup untimed ones; ms per position is
@@ -26,11 +26,12 @@ runs on a GPU node where ttt_bench's other dependencies are not installed.
    loop's share of a forward: issue 48 measured 0.223 ms per position for the whole 1.3b model with the old
    kernel, the target 0.12). rel_err_vs_old: the new kernel's Z against the old kernel's on the same inputs.
 3. train (DIR/train_speed.csv): the chunk kernel's forward and backward (`ttt_linear_dual`, tf32, as a
-   training step runs it: float32 [B, H, N, b, f] inputs, eta, weights and LN, every gradient) at the
-   125m and 1.3b head shapes, batch --train-batch, context 2k, at its default launch and at each
-   (forward, backward) num_warps of TRAIN_LAUNCHES, every launch's outputs and gradients against the
-   default's (`ok` within CHECK_TOL); beside it the PyTorch dual form (kernels/ttt/dual_scan.py), whose time
-   the kernel replaces. The fastest launch that is `ok` is what _LAUNCH in kernels/ttt_linear.py should say.
+   training step runs it under autocast: bf16 [B, T, H, f] activations, lr, token_eta, weights and LN, every
+   gradient) at the 125m and 1.3b head shapes, batch --train-batch, context 2k, at its default launch and at
+   each (forward, backward) num_warps of TRAIN_LAUNCHES, every launch's outputs and gradients against the
+   default's (`ok` within CHECK_TOL); beside it the PyTorch dual form on float32 copies (kernels/ttt), whose
+   time the kernel replaces. The fastest launch that is `ok` is what _LAUNCH in kernels/ttt_linear.py should
+   say.
 """
 
 import argparse
@@ -140,13 +141,11 @@ def timed(fn, warmup: int, repeats: int, device) -> list[float]:
 
 
 def old_inputs(XQ, XK, XV, lr, W, bias, te):
-    """What the chunk kernel takes: float32 [B, H, N, b, f] mini-batches, eta [B, H, N, b, b], W, bias
-    expanded over the batch (as TTTLayer._ttt makes them from [B, T, H, f] activations)."""
+    """The chunk kernel's inputs in float32: xq, xk, xv [B, H, T, f] (contiguous copies, heads-major), lr,
+    token_eta, W and bias expanded over the batch."""
     B, T, H, f = XQ.shape
-    N = T // MINI_BATCH
-    split = lambda x: x.float().transpose(1, 2).reshape(B, H, N, MINI_BATCH, -1)
-    eta = te[:, None] * lr.float().reshape(B, H, N, MINI_BATCH)[..., None, :]  # TTTLayer.eta
-    return split(XQ), split(XK), split(XV), eta, W.expand(B, H, f, f), bias.expand(B, H, 1, f)
+    heads = lambda x: x.float().transpose(1, 2).contiguous()
+    return heads(XQ), heads(XK), heads(XV), lr, te, W.expand(B, H, f, f), bias.expand(B, H, 1, f)
 
 
 def record(rows, common, variant, precision, launch, times, Z=None, Z_old=None) -> float:
@@ -166,16 +165,18 @@ def record(rows, common, variant, precision, launch, times, Z=None, Z_old=None) 
 
 
 def old_kernel(old, lnw, lnb):
-    """The chunk kernel on its prepared inputs (the inference path: under no_grad no states are kept)."""
+    """The chunk kernel on float32 copies (the inference path: under no_grad no states are kept)."""
     return ttt_linear.ttt_linear_dual(*old, lnw, lnb, precision="tf32")
 
 
 def old_path(XQ, XK, XV, lr, W, bias, lnw, lnb, te):
-    """The layer's path around the chunk kernel, from and back to bf16 [B, T, H, f] (the layer's output is
-    [B, T, H * f] for its post-norm)."""
+    """The chunk kernel as the layer calls it: on the bf16 [B, T, H, f] activations as they are (heads-major
+    views), Z back token-major in bf16 (the layer's [B, T, H * f] for its post-norm: a free reshape)."""
     B, T, H, f = XQ.shape
-    Z, _, _ = ttt_linear.ttt_linear_dual(*old_inputs(XQ, XK, XV, lr, W, bias, te), lnw, lnb, precision="tf32")
-    return Z.reshape(B, H, T, f).transpose(1, 2).to(torch.bfloat16).reshape(B, T, H * f)
+    heads = lambda x: x.transpose(1, 2)
+    Z, _, _ = ttt_linear.ttt_linear_dual(heads(XQ), heads(XK), heads(XV), lr, te, W.expand(B, H, f, f),
+                                         bias.expand(B, H, 1, f), lnw, lnb, precision="tf32")
+    return Z.transpose(1, 2).reshape(B, T, H * f)
 
 
 def speed(device, models, contexts, batch, warps, warmup, repeats, seed=100) -> list[dict]:
@@ -191,7 +192,7 @@ def speed(device, models, contexts, batch, warps, warmup, repeats, seed=100) -> 
                       "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
             with torch.no_grad():
                 old = [t.contiguous() for t in old_inputs(XQ, XK, XV, lr, W, bias, te)]
-                Z_old = old_kernel(old, lnw, lnb)[0].reshape(batch, H, T, f).transpose(1, 2)  # [B, T, H, f]
+                Z_old = old_kernel(old, lnw, lnb)[0].transpose(1, 2)  # [B, T, H, f]
                 old_launch = ttt_linear.launch_options(f, "tf32")
                 old_ms = record(rows, common, "old_kernel", "tf32", old_launch,
                                 timed(partial(old_kernel, old, lnw, lnb), warmup, repeats, device))
@@ -228,15 +229,17 @@ def _train_step(inputs, dZ, kernel=None):
 
 
 def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=200) -> list[dict]:
-    from .ttt import dual_scan
+    from .ttt import ops
 
     rows = []
     for model in models:
         H, f, layers = MODELS[model]
         seed += 1
         XQ, XK, XV, lr, W, bias, lnw, lnb, te = make_inputs(batch, context, H, f, torch.float32, device, seed)
-        old = old_inputs(XQ, XK, XV, lr, W, bias, te)
-        inputs = [t.detach().contiguous().requires_grad_() for t in (*old, lnw, lnb)]
+        heads = lambda x: x.bfloat16().transpose(1, 2)  # bf16 views of [B, T, H, f], as under autocast
+        inputs = [heads(XQ), heads(XK), heads(XV), lr, te, W.expand(batch, H, f, f).contiguous(),
+                  bias.expand(batch, H, 1, f).contiguous(), lnw, lnb]
+        inputs = [t.detach().requires_grad_() for t in inputs]
         dZ = torch.randn_like(inputs[0])
         common = {"model": model, "heads": H, "head_dim": f, "layers": layers, "batch": batch,
                   "context": context, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
@@ -262,7 +265,9 @@ def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=20
                          "ok": err <= CHECK_TOL["tf32"], "error": error})
             print(f"train {model} warps fwd={fwd} bwd={bwd}: {ms:9.3f} ms fwd+bwd, err {err:.1e} {error}",
                   flush=True)
-        times = timed(partial(_train_step, inputs, dZ, dual_scan.ttt_linear_dual), warmup, repeats, device)
+        pytorch = lambda q, k, v, lr, te, W, b, lnw, lnb: ops.linear(  # the PyTorch path: float32 copies
+            q.float(), k.float(), v.float(), lr, te, (W, b), (lnw, lnb), backend="dual")
+        times = timed(partial(_train_step, inputs, dZ, pytorch), warmup, repeats, device)
         rows.append({**common, "variant": "pytorch_dual", "precision": "float32",
                      "ms_median": round(statistics.median(times), 4), "ms_min": round(min(times), 4),
                      "ms_max": round(max(times), 4), "repeats": len(times),

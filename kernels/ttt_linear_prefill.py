@@ -11,7 +11,7 @@ LN-and-residual inner model f(x) = x + LN(x W + b). Per mini-batch of b tokens, 
 
 lr [B, H, T] is every token's inner learning rate (TTTLayer.inner_lr) and te [b] the token scaling of the
 positions in a mini-batch (TTTLayer.token_eta(0, b): 1/i plus the learnable offset, clamped at 0), so that
-eta is exactly TTTLayer.eta(te, lr) of every mini-batch.
+eta is exactly ttt.eta(te, lr) of every mini-batch (kernels/ttt/ops.py).
 
 What it does differently from the chunk kernel, for speed (issue 48: that kernel runs one 8-warp program of
 184-192 registers a thread per SM):

@@ -204,3 +204,22 @@ def test_prepare_copies_only_the_corpora_an_item_reads(tmp_path, capsys):
     assert "bash scripts/gpu_queue.sh table1" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="fashion-mnist is not a folder"):
         campaign.prepare(campaign.queue_item("mttt_patches", tmp_path), data, tmp_path)
+
+
+def test_the_speed_lease_script_runs_its_parts_and_packs_each(tmp_path):
+    """scripts/gpu_speed_lease.sh (the next lease's speed work, docs/gpu_campaign.md) with DRY=1 on the CPU: a
+    part runs in its tiny form and comes back packed with its log, an unknown part is named, and the card is
+    written."""
+    import tarfile
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "DRY": "1", "OUT": str(out), "PARTS": "speed nope", "PY": sys.executable,
+           "LEASE_WORK": str(tmp_path / "work")}
+    done = subprocess.run(["bash", "scripts/gpu_speed_lease.sh"], cwd=campaign.REPO, env=env, text=True,
+                          capture_output=True, timeout=600)
+    assert "speed rc=0" in done.stdout and "unknown part nope" in done.stdout, done.stdout + done.stderr
+    with tarfile.open(out / "speed.tgz") as tar:
+        names = tar.getnames()
+    assert {"speed.log", "speed/prefill_speed.csv", "speed/train_speed.csv"} <= set(names)
+    assert "torch" in (out / "gpu.txt").read_text()

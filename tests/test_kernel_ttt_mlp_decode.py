@@ -19,7 +19,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[dev]')")
 
-from ttt_bench.kernels import ttt_mlp_decode  # noqa: E402
+from ttt_bench.kernels import (
+    ttt,  # noqa: E402
+    ttt_mlp_decode,  # noqa: E402
+)
 from ttt_bench.kernels.ttt import forms  # noqa: E402
 
 from tests.conftest import REPO, rel_err  # noqa: E402
@@ -52,7 +55,7 @@ def step_inputs(B=2, H=2, f=16, seed=0):
 def primal_step(tokens, lr, te, weights, sums, ln):
     """The PyTorch step as layer.py's `_continue` makes it for one token (c = 1): (z, new sums)."""
     te, lr = te.view(1), lr[..., None]  # token_eta [c], lr [B, H, c]
-    eta = TTTLayer.eta(te, lr)
+    eta = ttt.eta(te, lr)
     return forms.primal_step(tuple(weights), *tokens, eta, ln, pending=(tuple(sums), te[:, None],
                                                                          lr[..., None, :]))
 

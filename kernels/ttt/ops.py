@@ -20,7 +20,8 @@ in float64, outputs and gradients):
   dual    dual_scan.py: the dual form over all mini-batches with hand-written backwards (Appendix A.3);
           TTT-Linear with one mini-batch longer than dual_scan.BATCH_GD_CHUNK runs as chunked batch GD;
   triton  ../ttt_linear.py, ../ttt_mlp.py: the dual form in one Triton program per (sequence, head),
-          matmuls in `precision` (ieee or tf32); TTT-Linear with a backward kernel, TTT-MLP forward only.
+          forward and backward kernels, matmuls in `precision` (ieee or tf32); TTT-Linear's reads 16-bit
+          strided activations as they are and builds eta on chip.
 Whether a Triton kernel takes given inputs: `kernels.dual_why_not` / `mlp_why_not`; whether it passed its
 check on this GPU is the caller's (ttt_bench/models/ttt/kernel_check.py).
 """
@@ -41,9 +42,10 @@ def eta(token_eta: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
     return token_eta[:, None] * lr[..., None, :]
 
 
-def _run(kernel, params, xq, xk, xv, lr, token_eta, ln, backend, precision, checkpoint_every, fused):
-    """A learner's op: `kernel` the pair of its dual-form functions (dual_scan's, the Triton kernel's). The
-    complete mini-batches run in `backend`, a last short one (T not a multiple of b) in forms' step."""
+def _run(dual, triton, params, xq, xk, xv, lr, token_eta, ln, backend, precision, checkpoint_every, fused):
+    """A learner's op: `dual` its PyTorch dual form (dual_scan), `triton` a call of its Triton kernel on whole
+    mini-batches. The complete mini-batches run in `backend`, a last short one (T not a multiple of b) in
+    forms' step."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     b = token_eta.shape[0]
@@ -52,25 +54,47 @@ def _run(kernel, params, xq, xk, xv, lr, token_eta, ln, backend, precision, chec
     B, H, T, f = xq.shape
     N, rest = divmod(T, b)
     outs = []
-    if N:
+    if N and backend == "triton":
+        whole = lambda v: v[..., : N * b, :]
+        Z, params = triton(whole(xq), whole(xk), whole(xv), lr[..., : N * b], token_eta, params, ln,
+                           precision or "ieee")
+        outs.append(Z)
+    elif N:
         mini_batches = lambda v: v[:, :, : N * b].reshape(B, H, N, b, -1)
         XQ, XK, XV = mini_batches(xq), mini_batches(xk), mini_batches(xv)
         E = eta(token_eta, lr[..., : N * b].reshape(B, H, N, b))
-        norm = ln or (None, None)
         if backend == "primal":
             Z, params = forms.ttt_scan("primal", params, XQ, XK, XV, E, ln, checkpoint_every)
-        elif backend == "triton":
-            Z, *params = kernel[1](XQ, XK, XV, E, *params, *norm, precision=precision or "ieee")
         else:
-            Z, *params = kernel[0](XQ, XK, XV, E, *params, *norm, checkpoint_every=checkpoint_every,
-                                   fused=fused)
+            norm = ln or (None, None)
+            Z, *params = dual(XQ, XK, XV, E, *params, *norm, checkpoint_every=checkpoint_every, fused=fused)
         outs.append(Z.reshape(B, H, N * b, f))
-    if rest:
-        last = lambda v: v[..., N * b :, :]
+    if rest:  # in float32 at least (a Triton backend reads 16-bit activations as they are)
+        last = lambda v: v[..., N * b :, :].to(torch.promote_types(v.dtype, torch.float32))
         z, _ = forms.STEPS["primal" if backend == "primal" else "dual"](
             params, last(xq), last(xk), last(xv), eta(token_eta[:rest], lr[..., N * b :]), ln)
         outs.append(z)
     return (outs[0] if len(outs) == 1 else torch.cat(outs, 2)), tuple(params)
+
+
+def _triton_linear(xq, xk, xv, lr, token_eta, params, ln, precision):
+    """../ttt_linear.py's kernel: strided [B, H, T, f] inputs in their dtype, eta built on chip."""
+    from .. import ttt_linear_dual  # looked up at each call
+
+    Z, *params = ttt_linear_dual(xq, xk, xv, lr, token_eta, *params, *ln, precision=precision)
+    return Z, tuple(params)
+
+
+def _triton_mlp(xq, xk, xv, lr, token_eta, params, ln, precision):
+    """../ttt_mlp.py's kernel: mini-batch-major [B, H, N, b, f] inputs and eta [B, H, N, b, b]."""
+    from .. import ttt_mlp_dual
+
+    B, H, T, f = xq.shape
+    b = token_eta.shape[0]
+    mini_batches = lambda v: v.reshape(B, H, T // b, b, -1)
+    E = eta(token_eta, lr.reshape(B, H, T // b, b))
+    Z, *params = ttt_mlp_dual(*map(mini_batches, (xq, xk, xv)), E, *params, *ln, precision=precision)
+    return Z.reshape(B, H, T, f), tuple(params)
 
 
 def linear(xq, xk, xv, lr, token_eta, params, ln=None, *, backend: str = "dual", precision: str | None = None,
@@ -83,10 +107,8 @@ def linear(xq, xk, xv, lr, token_eta, params, ln=None, *, backend: str = "dual",
         # b = T, one mini-batch: chunked, O(T c f) instead of the [T, T] dual form's O(T^2 f)
         Z, *params = dual_scan.ttt_linear_batch_gd(xq, xk, xv, token_eta, lr, *params, ln)
         return Z, tuple(params)
-    from .. import ttt_linear_dual  # the Triton kernel (None without Triton)
-
-    return _run((dual_scan.ttt_linear_dual, ttt_linear_dual), params, xq, xk, xv, lr, token_eta, ln,
-                backend, precision, checkpoint_every, fused)
+    return _run(dual_scan.ttt_linear_dual, _triton_linear, params, xq, xk, xv, lr, token_eta, ln, backend,
+                precision, checkpoint_every, fused)
 
 
 def mlp(xq, xk, xv, lr, token_eta, params, ln=None, *, backend: str = "dual", precision: str | None = None,
@@ -94,9 +116,7 @@ def mlp(xq, xk, xv, lr, token_eta, params, ln=None, *, backend: str = "dual", pr
     """TTT-MLP, f(x) = gelu(x W1 + b1) W2 + b2 (+ x + LN(.) with `ln`), over mini-batches:
     (z, (W1, b1, W2, b2)). params: W1 [B, H, f, m f], b1 [B, H, 1, m f], W2 [B, H, m f, f], b2 [B, H, 1, f]
     (biases may be None), as `linear` otherwise."""
-    from .. import ttt_mlp_dual
-
-    return _run((dual_scan.ttt_mlp_dual, ttt_mlp_dual), params, xq, xk, xv, lr, token_eta, ln, backend,
+    return _run(dual_scan.ttt_mlp_dual, _triton_mlp, params, xq, xk, xv, lr, token_eta, ln, backend,
                 precision, checkpoint_every, fused)
 
 

@@ -60,15 +60,14 @@ def _dims(args) -> tuple[int, int, int, int, int]:
     return args.tokens // args.seq_len, H, args.seq_len // b, b, args.d_model // H
 
 
-def kernel_precision(args, scope: str, device, dtype) -> str | None:
-    """The matmul precision of the Triton kernel if the layer as it runs by default (`kernel: auto`) takes
-    it for this scope's inner-loop inputs on `device`, else None (PyTorch): asked of the layer itself. The
-    inputs are float32 at least in the layer (its inner loop's precision), `dtype` in the core."""
+def kernel_precision(args, device, dtype) -> str | None:
+    """The matmul precision of the Triton kernel if the layer as it runs by default (`kernel: auto`) takes it
+    for the inner loop's inputs on `device` (either scope), else None (PyTorch): asked of the layer itself,
+    for activations of `dtype` (the kernel reads them as they are)."""
     layer = _layer(args, kernel="auto").to(device)
     B, H, N, b, f = _dims(args)
-    inner = torch.promote_types(dtype, torch.float32) if scope == "layer" else dtype
-    XQ = torch.empty(B, H, N, b, f, device=device, dtype=inner)
-    return layer.dual_kernel(XQ, layer.initial_params(B)[1], layer.ln())
+    xq = torch.empty(B, H, N * b, f, device=device, dtype=dtype)
+    return layer.dual_kernel(xq, layer.initial_params(B)[1], layer.ln())
 
 
 def _layer_case(args, impl, precision, device, dtype):
@@ -134,7 +133,7 @@ def cases(args, scope: str, device, dtype) -> dict[str, Callable[[], Callable]]:
     """{row label: a builder of its fwd+bwd} for one scope: the PyTorch forms, then the Triton kernel where
     the layer takes it, labelled with its precision ("triton (tf32)"); in the core, on a CUDA GPU with
     fla-core installed, flash-linear-attention's two TTT-Linear kernels ("fla chunk (fla-core 0.6.0)")."""
-    precision = kernel_precision(args, scope, device, dtype)
+    precision = kernel_precision(args, device, dtype)
     impls = ["primal", "dual"] + ["dual-fused"] * args.fused + [f"triton ({precision})"] * bool(precision)
     case = _layer_case if scope == "layer" else _core_case
     built = {impl: functools.partial(case, args, impl, precision, device, dtype) for impl in impls}

@@ -35,6 +35,7 @@ import torch
 
 from ... import kernels
 from ...io import write_json
+from ...kernels import ttt
 from ...kernels.ttt import dual_scan
 from ...kernels.ttt.decode import decode_reference, ttt_linear_decode, ttt_mlp_decode
 
@@ -81,7 +82,7 @@ def log_path_once(what: str, shape: str, reason: str) -> None:
     if (what, shape, reason) in _logged:
         return
     _logged.add((what, shape, reason))
-    name = "TTT-MLP forward" if what == "mlp" else f"TTT-Linear {what}"
+    name = {"mlp": "TTT-MLP", "mlp_decode": "TTT-MLP decode"}.get(what, f"TTT-Linear {what}")
     if reason:
         log.warning("%s at %s: PyTorch path, outside the Triton kernel's domain: %s", name, shape, reason)
     else:
@@ -135,12 +136,23 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _inputs(device, B=1, H=2, N=2, b=16, f=16, seed=0) -> list[torch.Tensor]:
-    """Random TTT-Linear dual-form inputs, every weight off its init (as tests/test_kernels.py)."""
+    """Random TTT-Linear dual-form inputs, every weight off its init (as tests/test_kernels.py): xq, xk,
+    xv [B, H, T, f] as views of token-major activations, lr [B, H, T], token_eta [b], W, b, the LN."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s, scale=1.0, shift=0.0: (shift + scale * torch.randn(*s, generator=g)).to(device)
-    eta = (0.3 * torch.rand(B, H, N, b, b, generator=g)).to(device)
-    return [r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta, r(B, H, f, f, scale=0.3),
-            r(B, H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+    tokens = lambda: r(B, N * b, H, f).transpose(1, 2)
+    lr = (0.3 * torch.rand(B, N * b, H, generator=g)).to(device).transpose(1, 2)
+    te = (1.0 / torch.arange(1, b + 1) + 0.1 * torch.rand(b, generator=g)).to(device)
+    return [tokens(), tokens(), tokens(), lr, te, r(B, H, f, f, scale=0.3), r(B, H, 1, f, scale=0.3),
+            r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
+
+
+def _dual_reference(xq, xk, xv, lr, token_eta, W, b, ln_weight, ln_bias):
+    """The PyTorch dual form through the op, on float32 (16-bit inputs upcast): Z, W_last, b_last."""
+    up = lambda x: x.to(torch.promote_types(x.dtype, torch.float32))
+    Z, params = ttt.linear(up(xq), up(xk), up(xv), lr, token_eta, (W, b), (ln_weight, ln_bias),
+                           backend="dual")
+    return Z, *params
 
 
 def _mlp_inputs(device, B=1, H=2, N=2, b=16, f=16, seed=0) -> list[torch.Tensor]:
@@ -152,7 +164,7 @@ def _mlp_inputs(device, B=1, H=2, N=2, b=16, f=16, seed=0) -> list[torch.Tensor]
     m = 4 * f
     lr = torch.sigmoid(torch.randn(B, H, N, b, generator=g)) / f
     token_eta = 1.0 / torch.arange(1, b + 1, dtype=torch.float32)
-    eta = (token_eta[:, None] * lr[..., None, :]).to(device)  # TTTLayer.eta
+    eta = ttt.eta(token_eta, lr).to(device)
     return [r(B, H, N, b, f), r(B, H, N, b, f), r(B, H, N, b, f), eta,
             r(B, H, f, m, scale=f ** -0.5), r(B, H, 1, m, scale=0.3), r(B, H, m, f, scale=m ** -0.5),
             r(B, H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), r(H, 1, f, scale=0.2)]
@@ -187,20 +199,19 @@ def kernel_errors(kernel, reference, inputs: list[torch.Tensor], seed: int,
 
 
 def _prefill_inputs(dual: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor]:
-    """The prefill kernel's inputs from the dual form's: XQ, XK, XV token-major [B, T, H, f] in `dtype`, lr
-    [B, H, T] (eta's first row), the weights, and the token scaling te [b] = 1/i plus an offset."""
-    XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
-    B, H, N, bs, f = XQ.shape
-    token_major = lambda x: x.reshape(B, H, N * bs, f).transpose(1, 2).to(dtype)
-    te = 1.0 / torch.arange(1, bs + 1, device=XQ.device) + 0.1
-    return [token_major(XQ), token_major(XK), token_major(XV), eta[..., 0, :].reshape(B, H, N * bs), W[0],
-            b[0], ln_w, ln_b, te]
+    """The prefill kernel's inputs from the dual form's: xq, xk, xv token-major [B, T, H, f] in `dtype`, lr
+    [B, H, T], the weights of the first sequence, the LN and the token scaling."""
+    xq, xk, xv, lr, te, W, b, ln_w, ln_b = dual
+    token_major = lambda x: x.transpose(1, 2).to(dtype)
+    return [token_major(xq), token_major(xk), token_major(xv), lr, W[0], b[0], ln_w, ln_b, te]
 
 
 class KernelCase(NamedTuple):
     """A kernel the layer can select, on random inputs, beside the PyTorch reference it replaces."""
 
-    name: str  # dual, dual/tf32, prefill/bf16, prefill/tf32, decode, mlp/ieee, mlp/tf32, mlp_decode
+    # dual, dual/tf32, dual/bf16 (16-bit activations in tf32, as the layer passes them under autocast),
+    # prefill/bf16, prefill/tf32, decode, mlp/ieee, mlp/tf32, mlp_decode
+    name: str
     precision: str  # of the kernel's matmul operands
     kernel: Callable
     reference: Callable
@@ -225,24 +236,27 @@ def kernel_cases(device, f: int = 16, seed: int = 0) -> list[KernelCase]:
         emulate_bf16_dot()
 
     dual = _inputs(device, f=f, seed=seed)
-    XQ, XK, XV, eta, W, b, ln_w, ln_b = dual
-    tok = lambda t: t[:, :, 0, :1].contiguous()
-    lr, te = eta[:, :, 0, 0, 0].contiguous(), torch.tensor(0.5, device=device)
-    decode = [tok(XQ), tok(XK), tok(XV), lr, te, W, b, 0.1 * W, 0.1 * b, ln_w, ln_b]
+    xq, xk, xv, lr_all, _, W, b, ln_w, ln_b = dual
+    tok = lambda t: t[:, :, :1].contiguous()
+    lr, te = lr_all[:, :, 0].contiguous(), torch.tensor(0.5, device=device)
+    decode = [tok(xq), tok(xk), tok(xv), lr, te, W, b, 0.1 * W, 0.1 * b, ln_w, ln_b]
     tf32 = lambda *args: ttt_linear.ttt_linear_dual(*args, precision="tf32")
-    reference = dual_scan.ttt_linear_dual
+    dual_bf16 = [x.bfloat16() for x in dual[:3]] + dual[3:]
     tf32_prefill = lambda *args: ttt_linear_prefill(*args, precision="tf32")
     mlp, in_precision = [], lambda p: lambda *args: ttt_mlp.ttt_mlp_dual(*args, precision=p)
     if f in ttt_mlp.HEAD_SIZES:
         inputs = _mlp_inputs(device, f=f, seed=seed + 4)
-        mlp = [KernelCase(f"mlp/{p}", p, in_precision(p), dual_scan.ttt_mlp_dual, inputs, seed + 4, tol,
-                          backward=False) for p, tol in (("ieee", TOLERANCE), ("tf32", TF32_TOLERANCE))]
+        mlp = [KernelCase(f"mlp/{p}", p, in_precision(p), dual_scan.ttt_mlp_dual, inputs, seed + 4, tol)
+               for p, tol in (("ieee", TOLERANCE), ("tf32", TF32_TOLERANCE))]
         weights = inputs[4:8]
-        one = [tok(t) for t in inputs[:3]] + [lr, te, *weights, *(0.1 * w for w in weights), *inputs[8:]]
+        one = [t[:, :, 0, :1].contiguous() for t in inputs[:3]]
+        one += [lr, te, *weights, *(0.1 * w for w in weights), *inputs[8:]]
         mlp.append(KernelCase("mlp_decode", "ieee", ttt_mlp_decode, decode_reference, one, seed + 5,
                               TOLERANCE, backward=False))
-    return [KernelCase("dual", "ieee", ttt_linear.ttt_linear_dual, reference, dual, seed + 1, TOLERANCE),
-            KernelCase("dual/tf32", "tf32", tf32, reference, dual, seed + 1, TF32_TOLERANCE),
+    dual_ieee = ttt_linear.ttt_linear_dual
+    return [KernelCase("dual", "ieee", dual_ieee, _dual_reference, dual, seed + 1, TOLERANCE),
+            KernelCase("dual/tf32", "tf32", tf32, _dual_reference, dual, seed + 1, TF32_TOLERANCE),
+            KernelCase("dual/bf16", "tf32", tf32, _dual_reference, dual_bf16, seed + 1, BF16_TOLERANCE),
             KernelCase("prefill/bf16", "bf16", ttt_linear_prefill, prefill_reference,
                        _prefill_inputs(dual, torch.bfloat16), seed + 3, BF16_TOLERANCE, backward=False),
             KernelCase("prefill/tf32", "tf32", tf32_prefill, prefill_reference,

@@ -266,8 +266,6 @@ class TTTLayer(nn.Module):
         scale = self.token_idx if self.token_idx_offset is None else self.token_idx + self.token_idx_offset
         return at_least_f32(scale).clamp_min(0.0)[start : start + length]
 
-    eta = staticmethod(ttt.eta)
-
     def _triton(self, x: torch.Tensor, family: str = "dual") -> bool:
         """Whether this layer runs the Triton kernel `family` here (CUDA by default, once that family passed
         its check; docs/speed.md): TTT-Linear's dual, prefill and decode kernels, TTT-MLP's mlp and mlp_decode
@@ -280,7 +278,7 @@ class TTTLayer(nn.Module):
         TTT-MLP) takes these inputs: bias the inner loop's bias, or TTT-MLP's weights (W1, b1, W2, b2). Logs
         once per shape which path it takes and why (head size 96, the 760m size, is outside the kernels)."""
         b = self.mini_batch_size
-        why_not = {"dual": kernels.dual_why_not, "decode": kernels.decode_why_not,
+        why_not = {"dual": lambda *a: kernels.dual_why_not(*a, b), "decode": kernels.decode_why_not,
                    "prefill": lambda *a: kernels.prefill_why_not(*a, b),
                    "mlp": partial(_mlp_why_not, kernels.mlp_why_not),
                    "mlp_decode": partial(_mlp_why_not, kernels.mlp_decode_why_not)}[what]
@@ -289,23 +287,23 @@ class TTTLayer(nn.Module):
         kernel_check.log_path_once(what, shape, reason)
         return not reason
 
-    def dual_kernel(self, XQ: torch.Tensor, bias, ln) -> str | None:
-        """The matmul precision of the Triton dual-form kernel if the complete mini-batches XQ [B, H, N, b, f]
-        (with the bias and LN of the inner loop) run in it here, None if they run in PyTorch. Its one
-        selection: `_ttt` runs what it says, and `ttt-bench bench forms` labels its rows by it."""
-        if self.form == "dual" and self._triton(XQ) and self._kernel_takes("dual", XQ, bias, ln):
+    def dual_kernel(self, xq: torch.Tensor, bias, ln) -> str | None:
+        """The matmul precision of the Triton dual-form kernel if the complete mini-batches xq [B, H, N b, f]
+        (in the projections' dtype, with the bias and LN of the inner loop) run in it here, None if they run
+        in PyTorch. Its one selection: `_ttt` runs what it says, `ttt-bench bench forms` labels its rows by
+        it."""
+        if self.form == "dual" and self._triton(xq) and self._kernel_takes("dual", xq, bias, ln):
             return kernel_check.precision()  # tf32 unless TTT_BENCH_KERNEL_PRECISION=ieee: PRECISION says why
         return None
 
     def mlp_kernel(self, XQ: torch.Tensor, params: tuple, ln, cache: TTTCache | None) -> str | None:
-        """The matmul precision of TTT-MLP's Triton kernel (kernels/ttt_mlp.py, forward only) if the complete
-        mini-batches XQ [B, H, N, b, f] (float32, from the weights `params` (W1, b1, W2, b2), with the LN of
-        the inner loop) run in it here, None if they run in PyTorch (dual_scan). Forward only, as TTT-Linear's
-        prefill: no gradient recorded (evaluation, generation's prompt, prefill benchmarks), no diagnostics;
-        the dual form; with a cache, from the start of a mini-batch with no pending gradient sums (`_ttt`
+        """The matmul precision of TTT-MLP's Triton kernel (kernels/ttt_mlp.py, forward and backward) if the
+        complete mini-batches XQ [B, H, N, b, f] (float32, from the weights `params` (W1, b1, W2, b2), with
+        the LN of the inner loop) run in it here, None if they run in PyTorch (dual_scan): the dual form, no
+        diagnostics; with a cache, from the start of a mini-batch with no pending gradient sums (`_ttt`
         finishes a mini-batch begun by an earlier call through `_continue` first, and runs a last short one
         there, so decoding carries on as after PyTorch). Its one selection: `_ttt` runs what it says."""
-        if (torch.is_grad_enabled() or self.form != "dual"
+        if (self.form != "dual"
                 or self.diagnostics is not None or (cache is not None and cache.sums is not None)
                 or not self._triton(XQ, "mlp") or not self._kernel_takes("mlp", XQ, params, ln)):
             return None
@@ -352,6 +350,7 @@ class TTTLayer(nn.Module):
         """Tokens of one mini-batch from its position `start`, carrying gradient sums (ttt.step; one token in
         the learner's Triton decode kernel where it runs here)."""
         c, ln = xq.shape[2], self.ln()
+        xq, xk, xv = (at_least_f32(t) for t in (xq, xk, xv))
         te = self.token_eta(start, c)
         family, weights = ("decode", params[1]) if self.learner == "linear" else ("mlp_decode", params)
         kernel = c == 1 and self._triton(xq, family) and self._kernel_takes(family, xq, weights, ln)
@@ -367,14 +366,17 @@ class TTTLayer(nn.Module):
     def _inner_loop(self, params, xq, xk, xv, lr, ln, cache: TTTCache | None):
         """The op of this layer's learner (kernels/ttt: `ttt.linear`, `ttt.mlp`) over xq, xk, xv [B, H, T, f]
         from the start of a mini-batch, a last short one included: in the Triton kernel where it runs here
-        (`dual_kernel`, `mlp_kernel`), else in the layer's form. Returns (z, the weights after it)."""
+        (`dual_kernel`, `mlp_kernel`), else in the layer's form. xq, xk, xv in the projections' dtype: read as
+        they are by TTT-Linear's kernel, float32 at least elsewhere. Returns (z, the weights after it)."""
         B, H, T, f = xq.shape
-        b = self.mini_batch_size
-        XQ = xq[:, :, : T // b * b].reshape(B, H, T // b, b, f)  # the complete mini-batches, to select
+        b, N = self.mini_batch_size, T // self.mini_batch_size
         precision = None
-        if T >= b:
-            precision = (self.dual_kernel(XQ, params[1], ln) if self.learner == "linear"
-                         else self.mlp_kernel(XQ, params, ln, cache))
+        if self.learner == "linear" and N:
+            precision = self.dual_kernel(xq[:, :, : N * b], params[1], ln)
+        if not precision:
+            xq, xk, xv = (at_least_f32(t) for t in (xq, xk, xv))
+            if self.learner == "mlp" and N:
+                precision = self.mlp_kernel(xq[:, :, : N * b].reshape(B, H, N, b, f), params, ln, cache)
         op = ttt.linear if self.learner == "linear" else ttt.mlp
         return op(xq, xk, xv, lr, self.token_eta(0, b), params, ln, precision=precision,
                   backend="triton" if precision else self.form, checkpoint_every=self.checkpoint_every,
@@ -414,7 +416,7 @@ class TTTLayer(nn.Module):
         N, outs = T // b, []
         if N:
             split = lambda v: v[:, :, : N * b].reshape(B, H, N, b, -1)
-            eta = self.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
+            eta = ttt.eta(self.token_eta(0, b), split(lr[..., None]).squeeze(-1))
             out, params = forms.scan(step, params, (split(xk), split(xv), eta))
             outs.append(out.reshape(B, H, N * b, 3))
         if T > N * b:
@@ -423,22 +425,23 @@ class TTTLayer(nn.Module):
                     params,
                     xk[:, :, N * b :],
                     xv[:, :, N * b :],
-                    self.eta(self.token_eta(0, T - N * b), lr[..., N * b :]),
+                    ttt.eta(self.token_eta(0, T - N * b), lr[..., N * b :]),
                 )[0]
             )
         self.diagnostics.add(self.layer_idx, torch.cat(outs, 2).mean((0, 1)), B)
 
     def _heads(self, xq, xk, xv, lr, cache: TTTCache | None) -> torch.Tensor:
-        """The inner loop on heads-major xq, xk, xv [B, H, T, f] (float32 at least), with the inner learning
-        rates lr [B, H, T]: [B, H, T, f]."""
+        """The inner loop on heads-major xq, xk, xv [B, H, T, f] (views of the projections, in their dtype:
+        each path casts what it needs), with the inner learning rates lr [B, H, T]: [B, H, T, f]."""
         if self.learner == "kernel":  # Theorem 2: the training set is every (k, v) seen
+            xq, xk, xv = (at_least_f32(t) for t in (xq, xk, xv))
             if cache is not None:
                 if cache.kv is not None:
                     xk, xv = torch.cat([cache.kv[0], xk], 2), torch.cat([cache.kv[1], xv], 2)
                 cache.kv = (xk, xv)
             return learner.nadaraya_watson(xq, xk, xv, 1.0 / math.sqrt(self.head_dim))
         if self.diagnostics is not None and cache is None:
-            self._record_inner_losses(xk, xv, lr)
+            self._record_inner_losses(at_least_f32(xk), at_least_f32(xv), lr)
         return self._ttt(xq, xk, xv, lr, cache)
 
     # ---- forward ----
@@ -457,15 +460,15 @@ class TTTLayer(nn.Module):
             positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
             freqs = rope_freqs(positions, self.head_dim, self.rope_theta).unsqueeze(1)  # [T, 1, f / 2]
             xq, xk = apply_rope_pairs(xq, freqs), apply_rope_pairs(xk, freqs)
-        # heads: [B, H, T, f]; the inner loop in float32 at least and outside autocast (mixed-precision
-        # training): its weights are float32 parameters, its gradient steps need the precision
-        inner = torch.promote_types(xq.dtype, torch.float32)
+        # heads: [B, H, T, f] views; the inner loop in float32 at least (the kernels read 16-bit activations
+        # and compute in float32) and outside autocast (mixed-precision training): its weights are float32
+        # parameters, its gradient steps need the precision
         with torch.autocast(x.device.type, enabled=False):
             lr = None if self.learner == "kernel" else self.inner_lr(x, views["lr"])
             if precision := self.prefill_kernel(xq, cache):  # token-major, in the projections' dtype
                 z = self._prefill(xq, xk, xv, lr, cache, precision).transpose(1, 2)
             else:
-                z = self._heads(*(t.transpose(1, 2).to(inner) for t in (xq, xk, xv)), lr, cache)
+                z = self._heads(*(t.transpose(1, 2) for t in (xq, xk, xv)), lr, cache)
 
         # back to the parameters' dtype (a no-op unless the model itself is cast, e.g. to bfloat16)
         z = self.post_norm(z.transpose(1, 2).reshape(B, T, D).to(self.post_norm.weight.dtype))
