@@ -77,8 +77,8 @@ def kernel_paths(device: torch.device) -> dict[str, str]:
     return {
         "transformer": attention,
         "ttt_linear": triton_path(device),
-        "ttt_mlp": ("Triton forward kernel (kernels/ttt_mlp.py) when no gradient is recorded, head sizes "
-                    "16-64; PyTorch dual form (dual_scan) for training"
+        "ttt_mlp": ("Triton kernels (kernels/ttt_mlp.py forward and backward, kernels/ttt_mlp_decode.py), "
+                    "head sizes 16-64; PyTorch dual form (dual_scan) elsewhere"
                     if triton_path(device).startswith("Triton kernels") else "PyTorch dual form (dual_scan)"),
         "ttt_kernel": "PyTorch (the kernel learner, Theorem 2)",
         "mamba": mamba_path(device),

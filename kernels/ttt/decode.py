@@ -36,7 +36,7 @@ class KernelDecode(torch.autograd.Function):
 
 
 def ttt_linear_decode(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
-    """One decoding token of TTT-Linear on the kernel's domain (`kernels.decode_supported`). xq/xk/xv
+    """One decoding token of TTT-Linear on the kernel's domain (`kernels.decode_why_not`). xq/xk/xv
     [B, H, 1, f], lr [B, H] (the token's inner lr), te: 0-dim token scaling of its position, W/sums_W
     [B, H, f, f], b/sums_b [B, H, 1, f], ln_weight/ln_bias [H, 1, f]. Returns (z [B, H, 1, f] incl. the +xq
     residual, new sums_W, new sums_b), as `decode_reference`."""
