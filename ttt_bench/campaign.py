@@ -441,8 +441,9 @@ QUEUE = (
          "long range, the Transformer as positive control: 2 claims"),
     Item("scaling_ttt_mlp", "scaling", "c2", ("books-mini",), 3, 1, 15,
          "long context: TTT-MLP (M) vs Mamba (its 3 runs at 34,816 bytes)",
-         waits="TTT-MLP's kernel (issue 49); then scaling.yaml's gpu books_methods and matched_methods gain "
-               "ttt_mlp_m"),
+         waits="TTT-MLP's training speed on the GPU (its Triton forward and backward exist, issue 49; "
+               "scripts/gpu_speed_lease.sh's train part measures it); then scaling.yaml's gpu "
+               "books_methods and matched_methods gain ttt_mlp_m"),
 )
 TRAIN_S, GRACE_S, TABULATE_S = 380, 30, 100  # + install ~30 s + pack ~10 s: inside a 600-s device call
 FILE_MIB = 15  # each file a call brings back: under a lease's 16 MiB a file
