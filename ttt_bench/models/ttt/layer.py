@@ -340,7 +340,7 @@ class TTTLayer(nn.Module):
         if cache is None:
             return z
         if full < T:
-            rest = [v[:, full:].transpose(1, 2).to(torch.float32) for v in (xq, xk, xv)]
+            rest = [v[:, full:].transpose(1, 2) for v in (xq, xk, xv)]
             zr, params, cache.sums = self._continue(params, None, *rest, lr[..., full:], 0)
             z = torch.cat([z, zr.transpose(1, 2).to(z.dtype)], 1)
         cache.params = tuple(p.contiguous() for p in params)
