@@ -162,15 +162,24 @@ def test_a_model_cast_to_bfloat16_prefills_and_decodes_with_a_float32_inner_loop
 
 @pytest.mark.parametrize("backbone", ["mamba", "transformer"])
 def test_the_fused_projection_is_the_separate_projections(backbone):
-    """One GEMM over the concatenated weights (TTTLayer.project) gives each view as its own projection:
-    theta_Q x, theta_K x (not with share_qk, the Mamba backbone's), theta_V x, the gate's theta_G x (the
-    Mamba backbone's) and the inner learning rate's logits theta_lr . x."""
+    """One GEMM over the concatenated weights (TTTLayer.project, fused as on CUDA) gives each view as its own
+    projection: theta_Q x, theta_K x (not with share_qk, the Mamba backbone's), theta_V x, the gate's
+    theta_G x (the Mamba backbone's) and the inner learning rate's logits theta_lr . x; and the layer on its
+    strided views (the convs, RoPE, the inner loop) the same outputs and gradients as on separate ones."""
     layer = tiny_model(1, backbone=backbone).blocks[0].ttt
     x = torch.randn(2, 7, 16)
-    views = layer.project(x)
+    views = layer.project(x, fused=True)
     want = {"q": layer.q_proj(x), "k": None if layer.share_qk else layer.k_proj(x), "v": layer.v_proj(x),
             "g": None if layer.g_proj is None else layer.g_proj(x),
             "lr": F.linear(x, layer.lr_weight.flatten(1))}
     assert (views["k"] is None) == (backbone == "mamba") and (views["g"] is None) == (backbone != "mamba")
     for name, w in want.items():
         assert (views[name] is None) == (w is None) and (w is None or rel_err(views[name], w) < 1e-14), name
+    x = torch.randn(2, 40, 16, requires_grad=True)
+    runs = []
+    for fused in (True, False):
+        layer.project = partial(type(layer).project, layer, fused=fused)
+        out = layer(x)
+        runs.append([out, *torch.autograd.grad(out.square().sum(), [x, *layer.parameters()])])
+    for a, b in zip(*runs, strict=True):
+        assert rel_err(a, b) < 1e-12

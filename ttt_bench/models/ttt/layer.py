@@ -248,18 +248,23 @@ class TTTLayer(nn.Module):
         logits = at_least_f32(logits) + at_least_f32(self.lr_bias).flatten()
         return base * torch.sigmoid(logits).transpose(1, 2)
 
-    def project(self, x: torch.Tensor) -> dict:
+    def project(self, x: torch.Tensor, fused: bool | None = None) -> dict:
         """theta_Q x, theta_K x (not with share_qk: its one projection feeds both convs), theta_V x, the
-        gate's theta_G x and the inner learning rate's logits theta_lr . x [B, T, H], in one GEMM over the
-        concatenated weights (the authors' fused `qkv_learnable_ttt_lr_proj`): x is read once, one launch.
-        {"q", "k", "v", "g", "lr"}: views of its output [B, T, .], None where the layer has no such part."""
+        gate's theta_G x and the inner learning rate's logits theta_lr . x [B, T, H]: {"q", "k", "v", "g",
+        "lr"}, each [B, T, .], None where the layer has no such part. fused (default: on CUDA) makes them one
+        GEMM over the concatenated weights (the authors' fused `qkv_learnable_ttt_lr_proj`: x read once, one
+        launch) and returns views of its output; on a CPU the concatenation and the strided views cost more
+        than the GEMMs they merge (results/speed/fused_projection: a layer's fwd+bwd 3-12% slower)."""
         lr_weight = getattr(self, "lr_weight", None)
         parts = {"q": self.q_proj.weight, "k": None if self.share_qk else self.k_proj.weight,
                  "v": self.v_proj.weight, "g": None if self.g_proj is None else self.g_proj.weight,
                  "lr": None if lr_weight is None else lr_weight.flatten(1)}
         weights = [w for w in parts.values() if w is not None]
-        out = F.linear(x, torch.cat([w.to(weights[0].dtype) for w in weights]))
-        views = iter(out.split([w.shape[0] for w in weights], -1))
+        if x.is_cuda if fused is None else fused:
+            out = F.linear(x, torch.cat([w.to(weights[0].dtype) for w in weights]))
+            views = iter(out.split([w.shape[0] for w in weights], -1))
+        else:
+            views = iter([F.linear(x, w.to(weights[0].dtype)) for w in weights])
         return {name: None if w is None else next(views) for name, w in parts.items()}
 
     def token_eta(self, start: int, length: int) -> torch.Tensor:
