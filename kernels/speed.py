@@ -290,7 +290,8 @@ def write_csv(path, rows):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="folder for prefill_check.csv and prefill_speed.csv")
+    p.add_argument("--out", required=True,
+                   help="folder for prefill_check.csv, prefill_speed.csv and train_speed.csv")
     p.add_argument("--stage", choices=("check", "speed", "train", "all"), default="all")
     p.add_argument("--train-batch", type=int, default=8, help="sequences of the train stage's step")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
