@@ -56,16 +56,16 @@ MINI_BATCH = ttt_linear.MINI_BATCHES[0]  # b = 16: the mini-batch size of every 
 # kernel -> (module attribute, the integer arguments; every other non-constexpr argument is an fp32 pointer)
 
 
-def _STRIDES(*names: str) -> tuple:  # noqa: N802  (a table-building helper beside the tables)
+def _stride_args(*names: str) -> tuple:
     """The (batch, head, token) stride arguments of the kernels' tensors named `names`."""
     return tuple(f"{n}_{d}" for n in names for d in "bht")
 
 
 _KERNELS = {
-    "forward": ("ttt_linear", "_dual_fwd_kernel", ("N", "H", *_STRIDES("sq", "sk", "sv", "sz", "sl"))),
-    "inference": ("ttt_linear", "_dual_fwd_kernel", ("N", "H", *_STRIDES("sq", "sk", "sv", "sz", "sl"))),
+    "forward": ("ttt_linear", "_dual_fwd_kernel", ("N", "H", *_stride_args("sq", "sk", "sv", "sz", "sl"))),
+    "inference": ("ttt_linear", "_dual_fwd_kernel", ("N", "H", *_stride_args("sq", "sk", "sv", "sz", "sl"))),
     "backward": ("ttt_linear", "_dual_bwd_kernel",
-                 ("N", "H", *_STRIDES("sq", "sl", "sdx"))),
+                 ("N", "H", *_stride_args("sq", "sl", "sdx"))),
     "decode": ("ttt_decode", "_decode_kernel", ("H",)),
     "prefill": ("ttt_linear_prefill", "_prefill_kernel", (
         "T", "H", "sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_t", "sv_h", "sz_b", "sz_t",
@@ -85,7 +85,7 @@ _PREFILL_ALIGNED = ("sq_b", "sq_t", "sq_h", "sk_b", "sk_t", "sk_h", "sv_b", "sv_
 _DUAL_ACTIVATIONS = {"forward": ("XQ", "XK", "XV", "Z"), "inference": ("XQ", "XK", "XV", "Z"),
                      "backward": ("XQ", "XK", "XV", "DZ", "DXQ", "DXK", "DXV")}
 _DUAL_DTYPE = {"tf32": "*bf16", "ieee": "*fp32"}
-_DUAL_ALIGNED = _STRIDES("sq", "sk", "sv", "sz", "sdz", "sdx")
+_DUAL_ALIGNED = _stride_args("sq", "sk", "sv", "sz", "sdx")
 _PTXAS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 

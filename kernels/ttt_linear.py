@@ -224,12 +224,12 @@ def launch_options(f: int, precision: str, backward: bool = False) -> dict:
     return {"num_warps": warps, "num_stages": stages}
 
 
-def why_not(xq: torch.Tensor, b, ln_weight, mini_batch: int) -> str:
-    """Why inputs are outside the fused kernel's domain ("" when inside): xq [B, H, T, f] of floating point
-    (float32, or 16-bit read as float32), a bias and LN-and-residual, head size f in HEAD_SIZES (powers of 2
-    >= 16 for tl.dot, compiled and checked for shared memory and spills ahead of time; 96, the 760m size, is
-    not a power of 2), a mini-batch size in MINI_BATCHES and whole mini-batches."""
-    T, f = xq.shape[-2:]
+def domain_why_not(xq: torch.Tensor, b, ln_weight, mini_batch: int) -> str:
+    """Why inputs are outside the domain TTT-Linear's chunk and prefill kernels share ("" when inside): xq of
+    float32 or 16-bit floats (read as float32), a bias and LN-and-residual, head size f in HEAD_SIZES (powers
+    of 2 >= 16 for tl.dot, compiled and checked for shared memory and spills ahead of time; 96, the 760m
+    size, is not a power of 2) and a mini-batch size in MINI_BATCHES."""
+    f = xq.shape[-1]
     if xq.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return f"dtype {xq.dtype} (the kernels take float32, bfloat16 or float16)"
     if b is None or ln_weight is None:
@@ -238,9 +238,14 @@ def why_not(xq: torch.Tensor, b, ln_weight, mini_batch: int) -> str:
         return f"head size {f} (the kernels take {', '.join(map(str, HEAD_SIZES))})"
     if mini_batch not in MINI_BATCHES:
         return f"mini-batch size {mini_batch} (the kernels take {', '.join(map(str, MINI_BATCHES))})"
-    if T % mini_batch:
-        return f"{T} tokens, not whole mini-batches of {mini_batch}"
     return ""
+
+
+def why_not(xq: torch.Tensor, b, ln_weight, mini_batch: int) -> str:
+    """Why xq [B, H, T, f] and the rest are outside the chunk kernel's domain ("" when inside): the shared
+    domain (`domain_why_not`) and whole mini-batches."""
+    reason, T = domain_why_not(xq, b, ln_weight, mini_batch), xq.shape[-2]
+    return reason or (f"{T} tokens, not whole mini-batches of {mini_batch}" if T % mini_batch else "")
 
 
 def supported(xq: torch.Tensor, b, ln_weight, mini_batch: int) -> bool:

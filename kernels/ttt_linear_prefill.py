@@ -32,12 +32,10 @@ import triton
 import triton.language as tl
 
 from .ln import LN_EPS
-from .ttt_decode import HEAD_SIZES
+from .ttt_linear import MINI_BATCHES, domain_why_not  # noqa: F401  (b = 16, the paper's; compiled for it)
 
-MINI_BATCHES = (16,)  # b: the paper's (every configuration of Table 1 and the figures); compiled for it
 # the tl.dot operands: the inputs' 16-bit dtype, or for float32 inputs tf32 tensor cores or exact float32
 PRECISIONS = ("bf16", "fp16", "tf32", "ieee")
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WARPS = (1, 2, 4)  # the candidates of the ahead-of-time report (python -m ttt_bench.kernels.aot)
 
 # (num_warps, num_stages) by operand width ("16": bf16 and fp16, "32": tf32 and ieee) and head size f, chosen
@@ -204,18 +202,10 @@ def default_precision(dtype: torch.dtype) -> str:
 
 
 def why_not(XQ: torch.Tensor, b, ln_weight, mini_batch: int = 16) -> str:
-    """Why inputs are outside the prefill kernel's domain ("" when inside): bfloat16, float16 or float32,
-    LN-and-residual with a bias, head size in HEAD_SIZES, mini-batch size in MINI_BATCHES."""
-    f = XQ.shape[-1]
-    if XQ.dtype not in DTYPES:
-        return f"dtype {XQ.dtype} (the prefill kernel takes bfloat16, float16 or float32)"
-    if b is None or ln_weight is None:
-        return "no bias or no LayerNorm-and-residual"
-    if f not in HEAD_SIZES:
-        return f"head size {f} (the kernels take {', '.join(map(str, HEAD_SIZES))})"
-    if mini_batch not in MINI_BATCHES:
-        return f"mini-batch size {mini_batch} (the prefill kernel takes {', '.join(map(str, MINI_BATCHES))})"
-    return ""
+    """Why inputs are outside the prefill kernel's domain ("" when inside): the one it shares with the chunk
+    kernel (`ttt_linear.domain_why_not`: bfloat16, float16 or float32, LN-and-residual with a bias, head size
+    in HEAD_SIZES, mini-batch size in MINI_BATCHES); a short last mini-batch is its own."""
+    return domain_why_not(XQ, b, ln_weight, mini_batch)
 
 
 def _per_head(t: torch.Tensor, B: int, H: int, rows: int, f: int) -> torch.Tensor:

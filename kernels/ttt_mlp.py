@@ -415,23 +415,31 @@ def launch_options(f: int, precision: str, kernel: str = "forward", num_warps: i
     return options
 
 
-def why_not(XQ: torch.Tensor, W1, b1, b2, ln_weight) -> str:
-    """Why inputs are outside the kernel's domain ("" when inside): floating-point inputs, both biases and
-    LN-and-residual (the layer's defaults), hidden width 4 f, head size f in HEAD_SIZES (powers of 2 for
-    tl.arange, compiled and checked for registers and shared memory ahead of time) and mini-batch size in
-    MINI_BATCHES."""
-    bs, f = XQ.shape[-2:]
-    if not XQ.dtype.is_floating_point:
-        return f"dtype {XQ.dtype} (the kernel takes floating-point inputs)"
+def model_why_not(x: torch.Tensor, W1, b1, b2, ln_weight) -> str:
+    """Why an inner model is outside what TTT-MLP's kernels (this one, ttt_mlp_decode.py) take ("" when
+    inside): floating-point inputs x [..., f], both biases and LN-and-residual (the layer's defaults), hidden
+    width 4 f, head size f in HEAD_SIZES (powers of 2 for tl.arange, compiled and checked for registers and
+    shared memory ahead of time)."""
+    f = x.shape[-1]
+    if not x.dtype.is_floating_point:
+        return f"dtype {x.dtype} (the kernel takes floating-point inputs)"
     if b1 is None or b2 is None or ln_weight is None:
         return "no bias or no LayerNorm-and-residual"
     if W1.shape[-1] != EXPANSION * f:
         return f"hidden width {W1.shape[-1]} (the kernel takes {EXPANSION} x the head size {f})"
     if f not in HEAD_SIZES:
         return f"head size {f} (the kernel takes {', '.join(map(str, HEAD_SIZES))})"
-    if bs not in MINI_BATCHES:
-        return f"mini-batch size {bs} (the kernel takes {', '.join(map(str, MINI_BATCHES))})"
     return ""
+
+
+def why_not(XQ: torch.Tensor, W1, b1, b2, ln_weight) -> str:
+    """Why inputs are outside the kernel's domain ("" when inside): the inner model's (`model_why_not`), and
+    a mini-batch size XQ.shape[-2] in MINI_BATCHES."""
+    bs = XQ.shape[-2]
+    reason = model_why_not(XQ, W1, b1, b2, ln_weight)
+    if not reason and bs not in MINI_BATCHES:
+        reason = f"mini-batch size {bs} (the kernel takes {', '.join(map(str, MINI_BATCHES))})"
+    return reason
 
 
 def supported(XQ: torch.Tensor, W1, b1, b2, ln_weight) -> bool:

@@ -30,10 +30,9 @@ import triton
 import triton.language as tl
 
 from .ln import ln_l2_grad, normalize
-from .ttt_mlp import EXPANSION, _gelu, _gelu_and_grad
 
-HEAD_SIZES = (16, 32, 64)  # f: as the TTT-MLP forward kernel's, compiled for sm_80 and sm_90
-# (tests/test_kernel_ttt_mlp_decode.py)
+# HEAD_SIZES: the dual-form kernel's, compiled for sm_80 and sm_90 here too (test_kernel_ttt_mlp_decode.py)
+from .ttt_mlp import EXPANSION, HEAD_SIZES, _gelu, _gelu_and_grad, model_why_not  # noqa: F401
 
 
 @triton.jit
@@ -111,21 +110,12 @@ def launch_options(f: int) -> dict:
 
 
 def why_not(xq: torch.Tensor, W1, b1, b2, ln_weight) -> str:
-    """Why inputs are outside the decode kernel's domain ("" when inside): one token of floating-point
-    inputs, both biases and LN-and-residual (the layer's defaults), hidden width 4 f, head size f in
-    HEAD_SIZES (powers of 2 for tl.arange, compiled and checked for registers ahead of time)."""
-    c, f = xq.shape[-2:]
-    if not xq.dtype.is_floating_point:
-        return f"dtype {xq.dtype} (the kernel takes floating-point inputs)"
-    if c != 1:
-        return f"{c} tokens (the decode kernel takes one)"
-    if b1 is None or b2 is None or ln_weight is None:
-        return "no bias or no LayerNorm-and-residual"
-    if W1.shape[-1] != EXPANSION * f:
-        return f"hidden width {W1.shape[-1]} (the kernel takes {EXPANSION} x the head size {f})"
-    if f not in HEAD_SIZES:
-        return f"head size {f} (the kernel takes {', '.join(map(str, HEAD_SIZES))})"
-    return ""
+    """Why inputs are outside the decode kernel's domain ("" when inside): one token, and the inner model
+    TTT-MLP's kernels take (ttt_mlp.model_why_not: floating point, both biases and LN-and-residual, hidden
+    width 4 f, head size f in HEAD_SIZES)."""
+    c = xq.shape[-2]
+    one_token = "" if c == 1 else f"{c} tokens (the decode kernel takes one)"
+    return model_why_not(xq, W1, b1, b2, ln_weight) or one_token
 
 
 def supported(xq: torch.Tensor, W1, b1, b2, ln_weight) -> bool:

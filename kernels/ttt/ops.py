@@ -26,7 +26,6 @@ Whether a Triton kernel takes given inputs: `kernels.dual_why_not` / `mlp_why_no
 check on this GPU is the caller's (ttt_bench/models/ttt/kernel_check.py).
 """
 
-from functools import partial
 
 import torch
 
@@ -155,5 +154,5 @@ def linear_prefill(xq, xk, xv, lr, W, b, ln_weight, ln_bias, token_eta, *, mini_
         Z, *state = prefill_reference(xq, xk, xv, lr, W, b, ln_weight, ln_bias, token_eta,
                                       mini_batch=mini_batch, dtype=torch.promote_types(xq.dtype, W.dtype))
         return (Z.to(xq.dtype), *state)
-    run = partial(ttt_linear_prefill, mini_batch=mini_batch, precision=precision, final_state=final_state)
-    return run(xq, xk, xv, lr, W, b, ln_weight, ln_bias, token_eta)
+    return ttt_linear_prefill(xq, xk, xv, lr, W, b, ln_weight, ln_bias, token_eta, mini_batch=mini_batch,
+                              precision=precision, final_state=final_state)
