@@ -9,12 +9,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import zstandard
 from ttt_bench.cli.main import main
 
 from tests.conftest import REPO, SWEEP_RUN
 
 # -- the command line ----------------------------------------------------------------------------------------
+
+
+def tiny_model(name: str, *overrides: str) -> torch.nn.Module:
+    """The language model `name` at size xs, vocabulary 97, float64, in eval mode, seeded."""
+    from hydra.utils import instantiate
+
+    from ttt_bench.config import compose
+
+    cfg = compose("train", [f"model={name}", "size=xs", "data.seq_len=64", *overrides])
+    torch.manual_seed(0)
+    return instantiate(cfg.model, vocab_size=97).double().eval()
 
 
 def run_cli(*args: str) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from tests.helpers import tiny_model
 from ttt_bench.config import compose
 
 # the language models (the image models of task=image, ViTClassifier configs, are tested in test_mttt.py)
@@ -22,12 +23,6 @@ MODELS = sorted(
 PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}
 PARAMS_TOLERANCE = 0.07
 PAPER_VOCAB = 50277
-
-
-def tiny_model(name: str, *overrides: str) -> torch.nn.Module:
-    cfg = compose("train", [f"model={name}", "size=xs", "data.seq_len=64", *overrides])
-    torch.manual_seed(0)
-    return instantiate(cfg.model, vocab_size=97).double().eval()
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -4,7 +4,7 @@ gradients: the chunked PyTorch scan and the C++ kernel here, mamba-ssm's on a GP
 import pytest
 import torch
 import torch.nn.functional as F
-from ttt_bench.kernels.mamba import mamba_inner, scan_cpu, selective_scan
+from ttt_bench.kernels.mamba import mamba_inner, scan_cpu, selective_scan, selective_state_update
 from ttt_bench.kernels.mamba.scan import default_chunk
 from ttt_bench.kernels.mamba.scan_ref import selective_scan_ref
 
@@ -153,3 +153,34 @@ def test_mamba_ssm_backend_matches_the_chunked_scan_on_a_gpu():
     assert _rel(y, y_ref) <= 1e-4 and _rel(h, h_ref) <= 1e-4
     for name, g, g_ref in zip(NAMES, grads, grads_ref, strict=True):
         assert _rel(g, g_ref) <= 1e-3, name
+
+
+def _steps(x: dict, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan token by token through selective_state_update: (y [b, l, d], the last state)."""
+    state, ys = x["initial_state"].clone(), []
+    for t in range(x["u"].shape[1]):
+        u, delta, B, C, z = (x[k][:, t] for k in ("u", "delta", "B", "C", "z"))
+        ys.append(selective_state_update(state, u, delta, x["A"], B, C, x["D"], z, dt_bias=x["delta_bias"],
+                                         dt_softplus=True, backend=backend))
+    return torch.stack(ys, 1), state
+
+
+def test_one_token_steps_in_place_equal_the_scan():
+    """Decoding's op: l steps of selective_state_update, each updating the state in place, give the
+    reference scan's outputs and last state (float64)."""
+    x = {k: v.detach() for k, v in _inputs(2, 7, 5, 4, seed=5).items()}
+    y_ref, h_ref = selective_scan_ref(**x, delta_softplus=True, return_last_state=True)
+    y, h = _steps(x, "ref")
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(h, h_ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="auto, ref or cuda"):
+        _steps(x, "torch")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or mamba_inner() is None,
+                    reason="needs a CUDA GPU and mamba-ssm")
+def test_mamba_ssm_state_update_matches_the_reference_step_on_a_gpu():
+    """mamba-ssm's Triton selective_state_update against the PyTorch step at a 125m layer's width, float32."""
+    x = {k: v.detach().float().cuda() for k, v in _inputs(4, 8, 1536, 16, seed=6).items()}
+    (y, h), (y_ref, h_ref) = _steps(x, "cuda"), _steps(x, "ref")
+    assert _rel(y, y_ref) <= 1e-4 and _rel(h, h_ref) <= 1e-4

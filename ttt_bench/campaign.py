@@ -76,7 +76,7 @@ PYTEST_FILES = ("tests/test_ops_ttt.py", "tests/test_kernels.py", "tests/test_ke
                 "tests/test_ttt_layer.py", "tests/test_kernel_prefill.py", "tests/test_kernel_ttt_mlp.py",
                 "tests/test_kernel_ttt_mlp_decode.py", "tests/test_kernel_ttt_mlp_layer.py",
                 "tests/test_fla_parity.py", "tests/test_ops_selective_scan.py", "tests/test_layers.py",
-                "tests/test_mamba.py")
+                "tests/test_mamba.py", "tests/test_decode_graphs.py")
 REPO = Path(__file__).resolve().parent.parent
 # Where each stage writes under --out (issue 51): a folder per thing measured (the bench stage: speed). The
 # top of --out keeps what spans the stages (SUMMARY.md, machine.json, sections/) and the gpu profile's step

@@ -2,6 +2,8 @@
 
 import torch
 
+from .models.graphs import DecodeGraphs
+
 
 @torch.no_grad()
 def sample(
@@ -12,12 +14,17 @@ def sample(
     top_k: int | None = 50,
     eos_id: int | None = None,
     seed: int = 0,
+    graphs: bool | None = None,
 ) -> list[int]:
-    """Prefill the prompt in one pass, then decode one token at a time from the cache."""
+    """Prefill the prompt in one pass, then decode one token at a time from the cache; the steps replayed
+    from CUDA graphs (`graphs`; None: on a GPU, where the model's caches allow it, models/graphs.py)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     caches = model.init_caches(1, max_len=len(prompt_ids) + max_new_tokens)  # every token it will see
     logits = model(torch.tensor([prompt_ids], device=device), caches)[:, -1]
+    if graphs is None:
+        graphs = device.type == "cuda" and DecodeGraphs.why_not(caches) is None
+    step = DecodeGraphs(model, caches) if graphs else lambda tokens: model(tokens, caches)
     out: list[int] = []
     for _ in range(max_new_tokens):
         if temperature <= 0:
@@ -32,5 +39,5 @@ def sample(
         if eos_id is not None and token == eos_id:
             break
         out.append(token)
-        logits = model(nxt.view(1, 1), caches)[:, -1]
+        logits = step(nxt.view(1, 1))[:, -1]
     return out

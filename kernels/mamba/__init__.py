@@ -2,6 +2,6 @@
 behind it: the sequential reference (scan_ref.py), the chunked PyTorch scan (scan.py) and the C++ CPU kernel
 (scan_cpu.py, scan_cpu.cpp)."""
 
-from .ops import BACKENDS, backend_for, mamba_inner, selective_scan
+from .ops import BACKENDS, backend_for, mamba_inner, selective_scan, selective_state_update
 
-__all__ = ["BACKENDS", "backend_for", "mamba_inner", "selective_scan"]
+__all__ = ["BACKENDS", "backend_for", "mamba_inner", "selective_scan", "selective_state_update"]

@@ -9,6 +9,8 @@ reference (as mamba-ssm's ops/selective_scan_interface.py with its `*_ref`):
   cuda   mamba-ssm's `selective_scan_fn` (CUDA, where mamba-ssm imports);
   auto   cuda on a CUDA input where mamba-ssm imports, cpu on a CPU input where the kernel builds and takes
          it, torch otherwise.
+One token of decoding is its own op, `selective_state_update`, the state updated in place (`ref` here,
+`cuda` mamba-ssm's Triton kernel of the same name, as mamba-ssm's Mamba.step).
 tests/test_ops_selective_scan.py compares each with ref in float64 (outputs, last states, gradients), cuda
 with torch on a GPU; tests/test_mamba.py the whole block. The whole mixer fused, mamba-ssm's `mamba_inner_fn`
 (projections, conv, scan, gate), is `mamba_inner()`.
@@ -35,6 +37,41 @@ def _mamba_ssm():
     except (ImportError, OSError, RuntimeError):
         return None
     return selective_scan_fn, mamba_inner_fn
+
+
+@functools.cache
+def _state_update():
+    """mamba-ssm's Triton `selective_state_update`, or None where it does not import."""
+    try:
+        from mamba_ssm.ops.triton.selective_state_update import selective_state_update as update
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return update
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, *,
+                           backend: str = "auto"):
+    """One token of the scan, h = exp(dt A) h + dt B x in place in `state` [b, d, n]; returns
+    y = (C h + D x) silu(z), [b, d] in x's dtype. x, dt, z: [b, d]; A: [d, n]; B, C: [b, n]; D, dt_bias:
+    [d]. ref: PyTorch in the state's precision (float32 at least); cuda: mamba-ssm's Triton kernel;
+    auto: cuda on a CUDA input where it imports, else ref."""
+    if backend not in ("auto", "ref", "cuda"):
+        raise ValueError(f"backend must be auto, ref or cuda, got {backend!r}")
+    if backend == "auto":
+        backend = "cuda" if x.is_cuda and _state_update() is not None else "ref"
+    if backend == "cuda":
+        if not (x.is_cuda and _state_update() is not None):
+            raise RuntimeError("the cuda backend needs a CUDA input and mamba-ssm (pip install -e '.[cuda]')")
+        return _state_update()(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    f = torch.promote_types(state.dtype, torch.float32)
+    dt = dt.to(f) if dt_bias is None else dt.to(f) + dt_bias.to(f)
+    dt = torch.nn.functional.softplus(dt) if dt_softplus else dt
+    h = state.to(f) * torch.exp(dt[..., None] * A.to(f)) + (dt * x.to(f))[..., None] * B.to(f)[:, None]
+    state.copy_(h)
+    y = (h * C.to(f)[:, None]).sum(-1)
+    y = y if D is None else y + D.to(f) * x.to(f)
+    y = y if z is None else y * torch.nn.functional.silu(z.to(f))
+    return y.to(x.dtype)
 
 
 def mamba_inner():

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ttt_bench import flops
+from ttt_bench.models.graphs import DecodeGraphs, cuda_graph
 
 from . import common
 
@@ -35,7 +36,8 @@ PRESETS = {
 }
 COLUMNS = ["model", "context", "phase", "batch", "latency_ms_per_token", "tokens_per_s", "ms_per_call", "mfu",
            "model_tflops_per_s", "matmul_tflops", "spread", "busy_cores_during", "loaded_during",
-           "peak_mem_mb", "params", "d_model", "n_layers", "device", "dtype", "threads", "repeats", "note"]
+           "peak_mem_mb", "graphed", "params", "d_model", "n_layers", "device", "dtype", "threads", "repeats",
+           "note"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="sequences per prefill call (the paper: 16)")
     parser.add_argument("--decode-batch", type=int, default=1, help="sequences per decode step (paper: 512)")
     parser.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps, after --warmup")
+    parser.add_argument("--decode-graphs", choices=("auto", "on", "off"), default="auto",
+                        help="replay decoding steps from CUDA graphs (auto: on a GPU, for the models whose "
+                        "caches allow it; models/graphs.py)")
     parser.add_argument("--train-context", type=int, default=2048)
     parser.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per optimizer step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -96,6 +101,7 @@ class Bench:
         self.dtype = common.DTYPES[args.dtype]
         self.size = {k: getattr(args, k) for k in SIZE_KEYS}
         self.rows: list[dict] = []
+        self.capture = cuda_graph  # how a decoding step is captured (the tests emulate it on the CPU)
 
     def cfg(self, name: str, seq_len: int):
         return common.model_cfg(name, self.args.size, self.size, seq_len, self.args.set)
@@ -143,24 +149,40 @@ class Bench:
                 fns = {n: (lambda m=m, p=prompt: m(p, m.init_caches(a.batch))) for n, m in models.items()}
                 for n, (t, mb) in self.measure(fns, "prefill", T, a.repeats).items():
                     self.row(models[n], n, T, "prefill", a.batch, t, a.batch * T, T, mb)
-            if "decode" in phases:  # prefill T tokens of decode_batch sequences, then single-token steps
-                fns = {}
-                steps = 2 * a.warmup + a.decode_tokens + 1  # more than measure() takes: no step reallocates
-                for n, m in models.items():
-                    caches = m.init_caches(a.decode_batch, max_len=T + steps)
-                    try:
-                        m(self.ids(a.decode_batch, T), caches)
-                    except (RuntimeError, MemoryError) as e:
-                        if not _is_oom(e):
-                            raise
-                        self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
-                        del caches
-                        continue
-                    tokens = iter(self.ids(a.decode_batch, steps).split(1, 1))
-                    fns[n] = lambda m=m, c=caches, t=tokens: m(next(t), c)
-                for n, (t, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
-                    self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb)
+            if "decode" in phases:
+                self.decode(models, T)
             models = {n: m for n, m in models.items() if not self._out_of_memory(n)}
+
+    def decode(self, models: dict, T: int) -> None:
+        """Prefill T tokens of decode_batch sequences, then time single-token steps: replayed from CUDA
+        graphs (models/graphs.py) where --decode-graphs allows and the model's caches can, else eager."""
+        a, fns, graphed = self.args, {}, {}
+        if a.decode_graphs == "on" and self.capture is cuda_graph and self.device.type != "cuda":
+            raise ValueError("--decode-graphs on needs --device cuda: CUDA graphs replay GPU kernels")
+        for n, m in models.items():
+            caches = m.init_caches(a.decode_batch)
+            graphs = a.decode_graphs == "on" or (a.decode_graphs == "auto" and self.device.type == "cuda")
+            graphed[n] = graphs and not DecodeGraphs.why_not(caches)
+            # more steps than measure() takes and the graphs' warm-up: no step reallocates
+            steps = 2 * a.warmup + a.decode_tokens + 1
+            steps += DecodeGraphs.warm_up_steps(caches) if graphed[n] else 0
+            caches = m.init_caches(a.decode_batch, max_len=T + steps)
+            try:
+                m(self.ids(a.decode_batch, T), caches)
+                tokens = iter(self.ids(a.decode_batch, steps).split(1, 1))
+                if graphed[n]:
+                    step = DecodeGraphs(m, caches, capture=self.capture)
+                    step.warm_up(tokens)
+                    fns[n] = lambda s=step, t=tokens: s(next(t))
+                else:
+                    fns[n] = lambda m=m, c=caches, t=tokens: m(next(t), c)
+            except (RuntimeError, MemoryError) as e:
+                if not _is_oom(e):
+                    raise
+                self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
+                del caches
+        for n, (t, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
+            self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb, graphed=graphed[n])
 
     def _out_of_memory(self, name: str) -> bool:
         return any(r["model"] == name and r.get("note") == "out of memory" for r in self.rows)

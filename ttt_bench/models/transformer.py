@@ -6,12 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UserError
 from .cost import causal_attention_flops, swiglu_flops
+from .graphs import StaticCache
 from .layers import ResidualBlock, apply_rope, rope_cos_sin
 
 
 @dataclass
-class KVCache:
+class KVCache(StaticCache):
     """The keys and values of the tokens seen, written in place into buffers preallocated by
     `Attention.init_cache`: a decoding step copies its own token, not the whole cache (concatenating would
     copy O(T^2) over T steps). Past their capacity the buffers double rather than refuse: a caller that does
@@ -21,6 +23,31 @@ class KVCache:
     keys: torch.Tensor  # [B, H, capacity, head_dim]; the first `length` positions hold the tokens seen
     values: torch.Tensor
     length: int = 0
+    # static (CUDA graphs, models/graphs.py): `length` on the device too, [1]; a one-token step then writes
+    # at it and attends over the whole capacity, the positions past it masked, so that no shape moves
+    position: torch.Tensor | None = None
+
+    def make_static(self) -> None:
+        self.position = torch.tensor([self.length], device=self.keys.device)
+
+    def graph_key(self):
+        if self.length >= self.keys.shape[2]:
+            raise UserError(f"the KV cache is full ({self.keys.shape[2]} tokens) and cannot grow inside a "
+                            "CUDA graph: allocate it with max_len, every token it will see")
+        return ()
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def append_static(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Write one token's key and value [B, H, 1, head_dim] at `position`: (keys, values, mask [1,
+        capacity]) over the whole capacity, the mask True up to the new token."""
+        self.keys.index_copy_(2, self.position, k)
+        self.values.index_copy_(2, self.position, v)
+        mask = (torch.arange(self.keys.shape[2], device=k.device) <= self.position)[None]
+        self.position += 1
+        self.length += 1
+        return self.keys, self.values, mask
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the keys and values [B, H, T, head_dim] of T new tokens after the cached ones; returns those
@@ -31,6 +58,8 @@ class KVCache:
         self.keys[:, :, self.length : end] = k
         self.values[:, :, self.length : end] = v
         self.length = end
+        if self.position is not None:
+            self.position.fill_(end)
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def _grow(self, capacity: int) -> None:
@@ -57,10 +86,14 @@ class Attention(nn.Module):
         heads = lambda t: t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         start = cache.length if cache is not None else 0
-        cos, sin = rope_cos_sin(
-            torch.arange(start, start + T, device=x.device), self.head_dim, self.rope_theta, q.dtype
-        )
+        static = cache is not None and cache.position is not None and T == 1
+        positions = cache.position if static else torch.arange(start, start + T, device=x.device)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if static:  # the whole capacity, the positions not yet written masked
+            k, v, mask = cache.append_static(k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, D))
         if cache is not None:
             k, v = cache.append(k, v)
         if T == 1:  # one query attends to every key there is: no mask

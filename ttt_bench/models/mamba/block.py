@@ -10,8 +10,9 @@ compute the same function:
   cuda:  mamba-ssm's fused kernels (mamba_inner_fn, causal_conv1d) for CUDA inputs.
 
 `backend="auto"` uses mamba-ssm's kernels when the input is on CUDA and mamba-ssm imports, the CPU
-kernel when the input is on the CPU and the kernel builds, else PyTorch. Decoding with a cache (any
-number of new tokens per call) takes the cpu or torch path, which handle an initial state.
+kernel when the input is on the CPU and the kernel builds, else PyTorch. Decoding with a cache takes the cpu
+or torch path, which handle an initial state; one token at a time, `selective_state_update` (mamba-ssm's
+Triton kernel on a GPU with cuda or auto, PyTorch otherwise), the state updated in place.
 """
 
 import logging
@@ -27,6 +28,7 @@ from ttt_bench.errors import UserError
 from ...kernels import mamba as ops
 from ...kernels.mamba import scan_cpu
 from ..cost import arguments
+from ..graphs import StaticCache
 from ..layers import CausalConv1d, RMSNorm
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,7 @@ class _NarrowLinear(torch.autograd.Function):
 
 
 @dataclass
-class MambaCache:
+class MambaCache(StaticCache):  # one graph: a step's path depends on no Python state
     conv: torch.Tensor  # [B, d_conv - 1, d_inner]: the last inputs of the causal convolution
     ssm: torch.Tensor  # [B, d_inner, d_state]
 
@@ -148,6 +150,8 @@ class Mamba(nn.Module):
         if self.backend == "cpu" and x.is_cuda:
             raise UserError("model.block.backend=cpu but the input is on a CUDA device: "
                             "use backend=auto|cuda")
+        if cache is not None and x.shape[1] == 1:
+            return self._step(x, cache)
         kernel = self.backend == "cpu" or (self.backend == "auto" and scan_cpu.supports(x, self.d_state)
                                             and scan_cpu.available())
         no_cuda_kernels = self.backend == "auto" and x.is_cuda and ops.mamba_inner() is None
@@ -176,8 +180,21 @@ class Mamba(nn.Module):
                                backend="cpu" if kernel else "torch")
         if cache is not None:
             y, ssm = y
-            cache.ssm = ssm.to(cache.ssm.dtype)
+            cache.ssm = ssm.to(cache.ssm.dtype, copy=True)  # its own memory: decoding updates it in place
         return self.out_proj(y)
+
+    def _step(self, x: torch.Tensor, cache: MambaCache) -> torch.Tensor:
+        """One token [B, 1, D] of decoding, the SSM state updated in place (`selective_state_update`:
+        mamba-ssm's Triton kernel on a GPU where it imports, as mamba-ssm's Mamba.step)."""
+        xs, z = self.in_proj(x).chunk(2, dim=-1)
+        xs, cache.conv = self.conv1d(xs, cache.conv)
+        xs = F.silu(xs[:, 0])
+        dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        y = ops.selective_state_update(cache.ssm, xs, F.linear(dt, self.dt_proj.weight),
+                                       -torch.exp(self.A_log.float()), B, C, self.D.float(), z[:, 0],
+                                       dt_bias=self.dt_proj.bias.float(), dt_softplus=True,
+                                       backend={"cuda": "cuda", "auto": "auto"}.get(self.backend, "ref"))
+        return self.out_proj(y[:, None])
 
     def _forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         xz = self.in_proj(x).transpose(1, 2)  # mamba-ssm's layout: [B, 2 d_inner, T]

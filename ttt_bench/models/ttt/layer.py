@@ -24,10 +24,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import kernels
+from ...errors import UserError
 from ...kernels import ttt
 from ...kernels.fusion import fuse
 from ...kernels.ttt import forms, learner
 from ..cost import arguments, causal_attention_flops, swiglu_flops
+from ..graphs import StaticCache
 from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freqs
 from . import kernel_check
 
@@ -35,12 +37,27 @@ LEARNERS = ("linear", "mlp", "kernel")
 
 
 @dataclass
-class TTTCache:
+class TTTCache(StaticCache):
     params: tuple | None = None  # W_{t'}, [B, H, ...] per weight; None: theta_init
     sums: tuple | None = None  # sum_s lr_s G_s over the tokens of the incomplete mini-batch
     pos: int = 0  # tokens seen
     conv: dict = field(default_factory=dict)  # the last conv_kernel - 1 inputs of each causal conv
     kv: tuple | None = None  # the kernel learner's training set: all keys and values seen
+    mini_batch_size: int = 1
+
+    def graph_key(self):
+        """A step's path depends on the position in the mini-batch (a graph each) and on whether a state
+        exists yet (models/graphs.py)."""
+        if self.kv is not None:
+            raise UserError("the kernel learner's training set grows with every token: "
+                            "it decodes eagerly only")
+        return self.pos % self.mini_batch_size, self.params is None, self.sums is None
+
+    def advance(self, n: int) -> None:
+        self.pos += n
+
+    def period(self) -> int:
+        return self.mini_batch_size
 
 
 def gelu_gate(g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -599,4 +616,5 @@ class TTTBlock(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
     def init_cache(self, batch_size: int, device=None, dtype=None, max_len=None) -> TTTCache:
-        return TTTCache()  # filled on the first call: W_{t'} starts at theta_init
+        # filled on the first call: W_{t'} starts at theta_init
+        return TTTCache(mini_batch_size=self.ttt.mini_batch_size)

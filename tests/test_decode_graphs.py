@@ -1,0 +1,163 @@
+"""Decoding from CUDA graphs (ttt_bench/models/graphs.py). Without a GPU the graphs are emulated the way CUDA
+replays them: a capture records every aten op with the tensors it read and wrote, a replay runs the same
+ops on the same tensors, the Python that chose them not run again, a position or a branch baked in as it was
+at the capture; a sync (`.item()`, `nonzero`) inside a capture fails as it does on a GPU. So a cache whose
+step depends on Python state its graph key does not name, or that moves its state to new memory the graph
+does not copy back, decodes wrong here too."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from tests.helpers import tiny_model
+from ttt_bench.errors import UserError
+from ttt_bench.models.graphs import DecodeGraphs, cuda_graph
+
+SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+         torch.ops.aten.is_nonzero.default}
+
+
+class Recording(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNCS:
+            raise RuntimeError(f"{func} synchronizes: not allowed in a CUDA graph capture")
+        out = func(*args, **(kwargs or {}))
+        self.ops.append((func, args, kwargs or {}, out))
+        return out
+
+
+def emulated_graph(step):
+    """(replay, True): the capture ran the step, as an eager call would."""
+    recording = Recording()
+    with recording:
+        step()
+
+    def replay():
+        for func, args, kwargs, out in recording.ops:
+            for old, new in zip(tree_leaves(out), tree_leaves(func(*args, **kwargs)), strict=True):
+                same = old is new or (old.data_ptr() == new.data_ptr() and old.stride() == new.stride())
+                if isinstance(old, torch.Tensor) and not same:
+                    old.copy_(new)
+
+    return replay, True
+
+
+# the models of `bench models`, TTT on both backbones, Mamba's PyTorch scan (decoding's path on a GPU)
+GRAPHED = {"transformer": [], "ttt_linear": [], "ttt_mlp": [],
+           "ttt_linear-transformer_backbone": ["model.block.backbone=transformer"],
+           "mamba": ["model.block.backend=torch"]}
+
+
+def _model(name: str):
+    return tiny_model(name.split("-")[0], "size.n_layers=2", *GRAPHED[name])
+
+
+@pytest.mark.parametrize("name", GRAPHED)
+@pytest.mark.parametrize("prompt", [16, 19], ids=["prompt16", "prompt19"])
+def test_graphs_decode_as_the_model(name, prompt):
+    """Prefill, then 40 tokens from the graphs (one eager step per key, one capture, then replays: past two
+    TTT mini-batches of 16): the logits of one forward pass at every step, 16 graphs for TTT (one per
+    position in a mini-batch), one for the others; every state tensor stays at its address after the
+    warm-up, as a replayed graph needs."""
+    model = _model(name)
+    x = torch.randint(0, 97, (3, prompt + 40))
+    with torch.no_grad():
+        full = model(x)
+        caches = model.init_caches(3, max_len=x.shape[1])
+        model(x[:, :prompt], caches)
+        graphs = DecodeGraphs(model, caches, capture=emulated_graph)
+        steps, addresses = [], []
+        for t in range(prompt, x.shape[1]):
+            steps.append(graphs(x[:, t : t + 1]).clone())
+            if graphs.replays:
+                addresses.append(sorted(b.data_ptr() for b in graphs.buffers.values()))
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, prompt:], rtol=0, atol=1e-10)
+    assert len(graphs.graphs) == (16 if name.startswith("ttt") else 1) and graphs.replays
+    assert all(a == addresses[0] for a in addresses)
+
+
+def test_warm_up_captures_every_key_then_replays():
+    model = _model("ttt_linear")
+    x = torch.randint(0, 97, (2, 80))
+    with torch.no_grad():
+        caches = model.init_caches(2)
+        model(x[:, :5], caches)
+        graphs = DecodeGraphs(model, caches, capture=emulated_graph)
+        steps = graphs.warm_up(iter(x[:, 5:].split(1, 1)))
+    assert steps == 33 == DecodeGraphs.warm_up_steps(caches)  # 16 eager, 16 captured, one replayed
+    assert graphs.replays == 1
+
+
+def test_what_cannot_decode_from_graphs_says_so():
+    with torch.no_grad():
+        linear = _model("transformer")
+        assert DecodeGraphs.why_not(linear.init_caches(1)) is None
+        la = tiny_model("linear_attention")
+        with pytest.raises(UserError, match="not a StaticCache"):
+            DecodeGraphs(la, la.init_caches(1), capture=emulated_graph)
+        kernel = tiny_model("ttt_kernel", "size.n_layers=1")
+        caches = kernel.init_caches(1)
+        kernel(torch.zeros(1, 3, dtype=torch.long), caches)
+        with pytest.raises(UserError, match="decodes eagerly only"):
+            DecodeGraphs(kernel, caches, capture=emulated_graph)(torch.zeros(1, 1, dtype=torch.long))
+        caches = linear.init_caches(1, max_len=4)
+        linear(torch.zeros(1, 4, dtype=torch.long), caches)
+        with pytest.raises(UserError, match="KV cache is full"):
+            DecodeGraphs(linear, caches, capture=emulated_graph)(torch.zeros(1, 1, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", GRAPHED)
+def test_cuda_graphs_decode_as_eager_steps(name):
+    """On a GPU: the real CUDA graphs give the eager steps' logits (float32, the Triton decode kernels where
+    the layer runs them)."""
+    model = _model(name).float().cuda()
+    x = torch.randint(0, 97, (4, 19 + 40), device="cuda")
+    with torch.no_grad():
+        eager, graphed = model.init_caches(4, max_len=x.shape[1]), model.init_caches(4, max_len=x.shape[1])
+        model(x[:, :19], eager), model(x[:, :19], graphed)
+        graphs = DecodeGraphs(model, graphed, capture=cuda_graph)
+        for t in range(19, x.shape[1]):
+            step = x[:, t : t + 1]
+            torch.testing.assert_close(graphs(step), model(step, eager), rtol=1e-4, atol=1e-4)
+    assert graphs.replays
+
+
+def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
+    """`bench models` decodes from the graphs where they are on (here emulated): the rows say so, the
+    models whose caches cannot (linear attention) decode eagerly beside them; on the CPU, `on` with the real
+    CUDA graphs is a one-line error."""
+    import argparse
+
+    from tests.conftest import BENCH_TINY
+    from ttt_bench.bench import models as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([*BENCH_TINY, "--models", "transformer,ttt_linear,linear_attention",
+                              "--decode-graphs", "on", "--contexts", "32"])
+    names = args.models.split(",")
+    run = bench.Bench(args, names, torch.device("cpu"))
+    with pytest.raises(ValueError, match="needs --device cuda"):
+        run.latency([32], {"decode"})
+    run.capture = emulated_graph
+    run.latency([32], {"decode"})
+    rows = {r["model"]: r for r in run.rows}
+    assert [rows[n]["graphed"] for n in names] == [True, True, False]
+    assert all(rows[n]["latency_ms_per_token"] > 0 for n in names)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_sample_from_graphs_as_eagerly():
+    """`generate`'s sampling on a GPU decodes from the graphs by default: greedy, the same tokens."""
+    from ttt_bench.generate import sample
+
+    model = _model("ttt_linear").float().cuda()
+    prompt = list(range(1, 20))
+    eager = sample(model, prompt, 40, temperature=0, graphs=False)
+    assert sample(model, prompt, 40, temperature=0) == eager
