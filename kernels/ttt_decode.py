@@ -72,13 +72,16 @@ def supported(xq: torch.Tensor, b, ln_weight) -> bool:
     return not why_not(xq, b, ln_weight)
 
 
-def decode_step(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
+def decode_step(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias, in_place: bool = False):
     """One decoding token of TTT-Linear, forward only (no autograd: the TTT layer's
     kernels/ttt/decode.py gives it a PyTorch backward). xq/xk/xv [B, H, 1, f], lr [B, H] (the token's
     inner lr), te: 0-dim token scaling of its position, W/sums_W [B, H, f, f], b/sums_b [B, H, 1, f],
-    ln_weight/ln_bias [H, 1, f]. Returns (z [B, H, 1, f] incl. the +xq residual, new sums_W, new sums_b)."""
+    ln_weight/ln_bias [H, 1, f]. Returns (z [B, H, 1, f] incl. the +xq residual, new sums_W, new sums_b);
+    in_place: the new sums written over sums_W and sums_b where they are contiguous (each program reads its
+    tile before it writes it), so that a decoding state stays where it is (CUDA graphs)."""
     B, H, _, F = xq.shape
     c = [t.contiguous() for t in (xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias)]
-    z, sw, sb = torch.empty_like(c[0]), torch.empty_like(c[7]), torch.empty_like(c[8])
+    z = torch.empty_like(c[0])
+    sw, sb = (c[7], c[8]) if in_place else (torch.empty_like(c[7]), torch.empty_like(c[8]))
     _decode_kernel[(B * H,)](*c, z, sw, sb, H, F=F, **launch_options(F))
     return z, sw, sb

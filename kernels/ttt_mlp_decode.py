@@ -123,13 +123,15 @@ def supported(xq: torch.Tensor, W1, b1, b2, ln_weight) -> bool:
     return not why_not(xq, W1, b1, b2, ln_weight)
 
 
-def decode_step(xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, ln_weight, ln_bias):
+def decode_step(xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, ln_weight, ln_bias,
+                in_place: bool = False):
     """One decoding token of TTT-MLP, forward only (under grad mode with an input that requires grad it
     raises). xq/xk/xv [B, H, 1, f], lr [B, H] (the token's inner lr), te: 0-dim token scaling of its
     position, W1/S_W1 [B, H, f, 4f], b1/S_b1 [B, H, 1, 4f], W2/S_W2 [B, H, 4f, f], b2/S_b2 [B, H, 1, f] (the
     cache's weights W_{t'} and gradient sums), ln_weight/ln_bias [H, 1, f]. Returns (z [B, H, 1, f] incl. the
     +xq residual, in xq's dtype, and the new S_W1, S_b1, S_W2, S_b2), as `forms.primal_step` with
-    pending = (sums, te, lr) for one token."""
+    pending = (sums, te, lr) for one token. in_place: the new sums written over the float32 contiguous ones
+    (each program reads its tiles before it writes them), so that a decoding state stays where it is."""
     inputs = (xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, ln_weight, ln_bias)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
         raise RuntimeError("the TTT-MLP decode kernel is forward only: call it under torch.no_grad()")
@@ -148,7 +150,9 @@ def decode_step(xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, ln_w
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
     inputs = [t.contiguous() for t in inputs]
     z = torch.empty_like(inputs[0])
-    sums = [torch.empty_like(s, dtype=torch.promote_types(s.dtype, torch.float32)) for s in inputs[9:13]]
+    dtypes = [torch.promote_types(s.dtype, torch.float32) for s in inputs[9:13]]
+    sums = [s if in_place and s.dtype == d else torch.empty_like(s, dtype=d)
+            for s, d in zip(inputs[9:13], dtypes, strict=True)]
     if B * H:
         _mlp_decode_kernel[(B * H,)](*inputs, z, *sums, H, F=F, M=M, **launch_options(F))
     return z, *sums

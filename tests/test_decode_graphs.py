@@ -151,6 +151,16 @@ def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
     assert [rows[n]["graphed"] for n in names] == [True, True, False]
     assert all(rows[n]["latency_ms_per_token"] > 0 for n in names)
 
+    def failing(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    run.rows, run.capture = [], failing  # a capture that fails: that model decodes eagerly, and says why
+    run.latency([32], {"decode"})
+    rows = {r["model"]: r for r in run.rows}
+    assert not any(rows[n]["graphed"] for n in names)
+    assert all(rows[n]["latency_ms_per_token"] > 0 for n in names)
+    assert "capture failed (operation not permitted" in rows["ttt_linear"]["note"]
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_sample_from_graphs_as_eagerly():

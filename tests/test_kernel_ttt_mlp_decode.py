@@ -85,7 +85,8 @@ def test_decoding_across_a_mini_batch_matches_the_layer(one_thread):
     """20 tokens decoded one at a time, completing the first mini-batch of 16 in between (W = W - te[15] S,
     new sums 0, as the layer's `_continue`), against the TTT layer's PyTorch path over the same 20 tokens in
     float64 (the dual form over the mini-batch of 16, the primal step over the last 4): every token's z, the
-    weights after the mini-batch (and their update alone) and the sums after the last token."""
+    weights after the mini-batch (and their update alone) and the sums after the last token. The sums are
+    written in place, as the layer decodes without autograd."""
     B, H, f, b, T = 2, 2, 16, 16, 20
     torch.manual_seed(0)
     layer = TTTLayer(H * f, H, learner="mlp", mini_batch_size=b, form="dual", ln_residual=True,
@@ -106,8 +107,10 @@ def test_decoding_across_a_mini_batch_matches_the_layer(one_thread):
         for t in range(T):
             te = layer.token_eta(t % b, 1)[0]
             token = [x[:, :, t : t + 1] for x in (XQ, XK, XV)]
-            z, *sums = ttt_mlp_decode.decode_step(*token, lr[..., t], te, *weights, *sums, *ln)
+            before = list(sums)  # in place, as the layer decodes without autograd
+            z, *sums = ttt_mlp_decode.decode_step(*token, lr[..., t], te, *weights, *sums, *ln, in_place=True)
             assert rel_err(z.double(), Z_ref[:, :, t : t + 1]) < TOL, t
+            assert all(s is s0 for s, s0 in zip(sums, before, strict=True))
             if t % b == b - 1:
                 weights = [w - te * s for w, s in zip(weights, sums, strict=True)]
                 sums = [torch.zeros_like(w) for w in weights]

@@ -189,6 +189,19 @@ def test_decode_matches_pytorch_with_gradients():
         assert rel_err(a, b) < TOL
 
 
+def test_decode_writes_the_sums_in_place_without_autograd():
+    """Under no_grad the decode kernel writes the new sums over the old (decoding's state stays where it is,
+    as CUDA graphs need): the same values as with autograd recording, which leaves its inputs alone."""
+    inputs = decode_inputs()
+    with torch.no_grad():
+        expected = ttt_linear_decode(*[t.clone() for t in inputs])
+        sums = inputs[7], inputs[8]
+        z, sw, sb = ttt_linear_decode(*inputs)
+    assert sw is sums[0] and sb is sums[1]
+    for a, b in zip((z, sw, sb), expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_decode_head_size_64_against_float64():
     """The decode kernel at the paper sizes' head size: outputs (z and the gradient sums) and gradients of
     every input against its PyTorch step in float64."""

@@ -35,6 +35,14 @@ class KernelDecode(torch.autograd.Function):
         return (None, *grads)
 
 
+def _decode(kernel, *inputs):
+    """`kernel` through KernelDecode where autograd records, else the kernel alone with the new sums written
+    over the old (decoding's state stays where it is: CUDA graphs, ttt_bench/models/graphs.py)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return KernelDecode.apply(kernel, *inputs)
+    return kernel(*inputs, in_place=True)
+
+
 def ttt_linear_decode(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias):
     """One decoding token of TTT-Linear on the kernel's domain (`kernels.decode_why_not`). xq/xk/xv
     [B, H, 1, f], lr [B, H] (the token's inner lr), te: 0-dim token scaling of its position, W/sums_W
@@ -42,7 +50,7 @@ def ttt_linear_decode(xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bi
     residual, new sums_W, new sums_b), as `decode_reference`."""
     from ..ttt_decode import decode_step
 
-    return KernelDecode.apply(decode_step, xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias)
+    return _decode(decode_step, xq, xk, xv, lr, te, W, b, sums_W, sums_b, ln_weight, ln_bias)
 
 
 def ttt_mlp_decode(xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, ln_weight, ln_bias):
@@ -51,5 +59,5 @@ def ttt_mlp_decode(xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, l
     b2 [B, H, 1, f] and their sums. Returns (z, new S_W1, S_b1, S_W2, S_b2)."""
     from ..ttt_mlp_decode import decode_step
 
-    return KernelDecode.apply(decode_step, xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2,
-                              ln_weight, ln_bias)
+    return _decode(decode_step, xq, xk, xv, lr, te, W1, b1, W2, b2, S_W1, S_b1, S_W2, S_b2, ln_weight,
+                   ln_bias)

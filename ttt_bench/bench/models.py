@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ttt_bench import flops
+from ttt_bench.errors import UserError
 from ttt_bench.models.graphs import DecodeGraphs, cuda_graph
 
 from . import common
@@ -155,34 +156,43 @@ class Bench:
 
     def decode(self, models: dict, T: int) -> None:
         """Prefill T tokens of decode_batch sequences, then time single-token steps: replayed from CUDA
-        graphs (models/graphs.py) where --decode-graphs allows and the model's caches can, else eager."""
-        a, fns, graphed = self.args, {}, {}
+        graphs (models/graphs.py) where --decode-graphs allows and the model's caches can, else eager. A
+        capture that fails leaves that model eager, with the reason in its row's note."""
+        a, fns, graphed, notes = self.args, {}, {}, {}
         if a.decode_graphs == "on" and self.capture is cuda_graph and self.device.type != "cuda":
             raise ValueError("--decode-graphs on needs --device cuda: CUDA graphs replay GPU kernels")
+        wanted = a.decode_graphs == "on" or (a.decode_graphs == "auto" and self.device.type == "cuda")
         for n, m in models.items():
-            caches = m.init_caches(a.decode_batch)
-            graphs = a.decode_graphs == "on" or (a.decode_graphs == "auto" and self.device.type == "cuda")
-            graphed[n] = graphs and not DecodeGraphs.why_not(caches)
-            # more steps than measure() takes and the graphs' warm-up: no step reallocates
-            steps = 2 * a.warmup + a.decode_tokens + 1
-            steps += DecodeGraphs.warm_up_steps(caches) if graphed[n] else 0
-            caches = m.init_caches(a.decode_batch, max_len=T + steps)
+            graphed[n] = wanted and not DecodeGraphs.why_not(m.init_caches(a.decode_batch))
             try:
-                m(self.ids(a.decode_batch, T), caches)
-                tokens = iter(self.ids(a.decode_batch, steps).split(1, 1))
-                if graphed[n]:
-                    step = DecodeGraphs(m, caches, capture=self.capture)
-                    step.warm_up(tokens)
-                    fns[n] = lambda s=step, t=tokens: s(next(t))
-                else:
-                    fns[n] = lambda m=m, c=caches, t=tokens: m(next(t), c)
-            except (RuntimeError, MemoryError) as e:
-                if not _is_oom(e):
+                fns[n] = self._decoder(m, T, graphed[n])
+            except (RuntimeError, MemoryError, UserError) as e:
+                if _is_oom(e):
+                    self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
+                    continue
+                if not graphed[n]:
                     raise
-                self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
-                del caches
+                reason = (str(e).splitlines() or [type(e).__name__])[0]
+                graphed[n], notes[n] = False, f"eager: the CUDA graph capture failed ({reason})"
+                fns[n] = self._decoder(m, T, False)
         for n, (t, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
-            self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb, graphed=graphed[n])
+            self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb, graphed=graphed[n],
+                     note=notes.get(n))
+
+    def _decoder(self, model, T: int, graphed: bool):
+        """A decoding step of `model` after a prefill of T tokens, with caches for every step it will take
+        (measure()'s and the graphs' warm-up: no step reallocates)."""
+        a = self.args
+        steps = 2 * a.warmup + a.decode_tokens + 1
+        steps += DecodeGraphs.warm_up_steps(model.init_caches(a.decode_batch)) if graphed else 0
+        caches = model.init_caches(a.decode_batch, max_len=T + steps)
+        model(self.ids(a.decode_batch, T), caches)
+        tokens = iter(self.ids(a.decode_batch, steps).split(1, 1))
+        if not graphed:
+            return lambda: model(next(tokens), caches)
+        step = DecodeGraphs(model, caches, capture=self.capture)
+        step.warm_up(tokens)
+        return lambda: step(next(tokens))
 
     def _out_of_memory(self, name: str) -> bool:
         return any(r["model"] == name and r.get("note") == "out of memory" for r in self.rows)

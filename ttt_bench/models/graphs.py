@@ -69,6 +69,10 @@ def _leaves(obj, path: Path = ()) -> Iterator[tuple[Path, torch.Tensor]]:
             yield from _leaves(v, (*path, i))
 
 
+def _where(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.shape, t.stride()
+
+
 def _rebind(obj, path: Path, value):
     """obj with the tensor at `path` replaced by `value` (dataclasses and dicts in place, tuples rebuilt)."""
     if not path:
@@ -127,6 +131,8 @@ class DecodeGraphs:
                     self.buffers[path] = buffer = t if own else t.clone()
                 elif buffer is t:
                     continue
+                elif _where(t) == _where(buffer):
+                    pass  # written in place, returned as another tensor object: no copy
                 elif buffer.shape != t.shape or buffer.dtype != t.dtype:
                     raise UserError(f"decoding state {path} changed from {tuple(buffer.shape)} "
                                     f"{buffer.dtype} to {tuple(t.shape)} {t.dtype}: it cannot decode from "
