@@ -47,10 +47,11 @@ def emulated_graph(step):
     return replay, True
 
 
-# the models of `bench models`, TTT on both backbones, Mamba's PyTorch scan (decoding's path on a GPU)
+# the models of `bench models`, TTT on both backbones, Mamba on its PyTorch step and on its default backend
+# (mamba-ssm's selective_state_update on a GPU where it imports)
 GRAPHED = {"transformer": [], "ttt_linear": [], "ttt_mlp": [],
            "ttt_linear-transformer_backbone": ["model.block.backbone=transformer"],
-           "mamba": ["model.block.backend=torch"]}
+           "mamba-torch": ["model.block.backend=torch"], "mamba-auto": []}
 
 
 def _model(name: str):
