@@ -32,6 +32,11 @@ runs on a GPU node where ttt_bench's other dependencies are not installed.
    default's (`ok` within CHECK_TOL); beside it the PyTorch dual form on float32 copies (kernels/ttt), whose
    time the kernel replaces. The fastest launch that is `ok` is what _LAUNCH in kernels/ttt_linear.py should
    say.
+Every timed row also carries the op's floor on this card (`op_floor`): its FLOPs (the dual form's,
+ttt/forms.chunk_flops; a training step 3x the forward) at the matmul rate of its precision and its least
+traffic (each input read and each output written once; a training step also writes each mini-batch's W and
+reads it back) at the copy bandwidth, both measured at the start of the run (`card_rates`, DIR/card.csv);
+`floor_ms` is the larger, `bound` which, `of_floor` = floor_ms / ms_median (1 at the roofline).
 """
 
 import argparse
@@ -47,6 +52,7 @@ import torch
 from . import ttt_linear
 from . import ttt_linear_prefill as P
 from .interpreter import emulate_bf16_dot
+from .ttt import forms
 
 # model: (heads, head size, layers)
 MODELS = {"125m": (12, 64, 12), "1.3b": (32, 64, 24)}
@@ -74,6 +80,46 @@ def make_inputs(B, T, H, f, dtype, device, seed):
                                                                                   device=device)
     return XQ, XK, XV, lr, r(H, f, f, scale=0.3), r(H, 1, f, scale=0.3), r(H, 1, f, scale=0.2, shift=1.0), \
         r(H, 1, f, scale=0.2), te
+
+
+def card_rates(device, repeats: int = 5) -> dict:
+    """What the card does at best, measured in this run: matmul TFLOP/s in bf16 and in tf32 (median of
+    `repeats` n x n products, n = 8192 on a GPU) and a copy's bandwidth in GB/s (bytes read plus written,
+    1 GiB on a GPU)."""
+    n, numel = (8192, 1 << 28) if device == "cuda" else (256, 1 << 20)
+    rates = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    for name, dtype in (("bf16_tflops", torch.bfloat16), ("tf32_tflops", torch.float32)):
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            ms = statistics.median(timed(lambda a=a, b=b: a @ b, 2, repeats, device))
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+        rates[name] = round(2.0 * n**3 / ms / 1e9, 1)
+    x = torch.empty(numel, device=device)
+    y = torch.empty_like(x)
+    rates["copy_gb_s"] = round(2.0 * 4 * numel / statistics.median(timed(lambda: y.copy_(x), 2, repeats,
+                                                                            device)) / 1e6, 1)
+    return rates
+
+
+def op_floor(rates: dict, batch: int, T: int, H: int, f: int, act_bytes: int, precision: str,
+             training: bool = False) -> dict:
+    """The least time of TTT-Linear's inner loop over batch x H sequences of T tokens on this card (the
+    module's docstring): activations (q, k, v, Z; in training dZ and the input gradients) of act_bytes
+    bytes, lr and weights float32."""
+    N, W = T // MINI_BATCH, 4.0 * (f * f + f)
+    flops = batch * H * N * forms.chunk_flops([(f, f)], MINI_BATCH, "dual", bias=True)
+    traffic = batch * H * (4.0 * T * f * act_bytes + 4.0 * T + 2 * W)  # q, k, v in, Z out; lr; W, b in, out
+    if training:  # the backward: about twice the forward's FLOPs; dZ in, dq, dk, dv out, dlr; the states
+        flops *= 3
+        traffic += batch * H * (4.0 * T * f * act_bytes + 4.0 * T + 2 * N * W + W)
+    compute = flops / rates["bf16_tflops" if precision == "bf16" else "tf32_tflops"] / 1e9
+    memory = traffic / rates["copy_gb_s"] / 1e6
+    return {"op_gflop": round(flops / 1e9, 3), "op_mb": round(traffic / 1e6, 1),
+            "floor_ms": float(f"{max(compute, memory):.4g}"),
+            "bound": "compute" if compute > memory else "memory"}
 
 
 def warps_candidates(f: int, precision: str, warps=P.WARPS) -> list[int]:
@@ -148,15 +194,18 @@ def old_inputs(XQ, XK, XV, lr, W, bias, te):
     return heads(XQ), heads(XK), heads(XV), lr, te, W.expand(B, H, f, f), bias.expand(B, H, 1, f)
 
 
-def record(rows, common, variant, precision, launch, times, Z=None, Z_old=None) -> float:
-    """Append the row of one timed variant (common: model, heads, head_dim, layers, batch, context, ...)."""
+def record(rows, common, variant, precision, launch, times, Z=None, Z_old=None, floor=None) -> float:
+    """Append the row of one timed variant (common: model, heads, head_dim, layers, batch, context, ...),
+    with the op's floor (`op_floor`) against its time."""
     ms, T = statistics.median(times), common["context"]
+    floor = floor or {}
     row = {**common, "variant": variant, "precision": precision, **launch, "ms_median": round(ms, 4),
            "ms_min": round(min(times), 4), "ms_max": round(max(times), 4), "repeats": len(times),
            "ms_per_position": ms / T, "model_ms_per_position": common["layers"] * ms / T,
            "tokens_per_s": round(common["batch"] * T / ms * 1e3),
            "us_per_mini_batch": round(1e3 * ms / (T // MINI_BATCH), 3),
-           "rel_err_vs_old": "" if Z is None else f"{rel_err(Z, Z_old):.2e}"}
+           "rel_err_vs_old": "" if Z is None else f"{rel_err(Z, Z_old):.2e}", **floor,
+           "of_floor": float(f"{floor['floor_ms'] / ms:.3g}") if floor else ""}
     rows.append(row)
     print(f"{common['model']} T={T} {variant:10s} {precision:4s} warps={launch.get('num_warps', '-')}: "
           f"{ms:9.3f} ms ({row['us_per_mini_batch']:8.2f} us a mini-batch, "
@@ -179,11 +228,12 @@ def old_path(XQ, XK, XV, lr, W, bias, lnw, lnb, te):
     return Z.transpose(1, 2).reshape(B, T, H * f)
 
 
-def speed(device, models, contexts, batch, warps, warmup, repeats, seed=100) -> list[dict]:
+def speed(device, models, contexts, batch, warps, warmup, repeats, rates, seed=100) -> list[dict]:
     rows = []
     for model in models:
         H, f, layers = MODELS[model]
         for T in contexts:
+            floor = partial(op_floor, rates, batch, T, H, f)
             seed += 1
             args = make_inputs(batch, T, H, f, torch.bfloat16, device, seed)
             XQ, XK, XV, lr, W, bias, lnw, lnb, te = args
@@ -195,17 +245,18 @@ def speed(device, models, contexts, batch, warps, warmup, repeats, seed=100) -> 
                 Z_old = old_kernel(old, lnw, lnb)[0].transpose(1, 2)  # [B, T, H, f]
                 old_launch = ttt_linear.launch_options(f, "tf32")
                 old_ms = record(rows, common, "old_kernel", "tf32", old_launch,
-                                timed(partial(old_kernel, old, lnw, lnb), warmup, repeats, device))
+                                timed(partial(old_kernel, old, lnw, lnb), warmup, repeats, device),
+                                floor=floor(4, "tf32"))
                 del old
                 record(rows, common, "old_path", "tf32", old_launch,
-                       timed(partial(old_path, *args), warmup, repeats, device))
+                       timed(partial(old_path, *args), warmup, repeats, device), floor=floor(2, "tf32"))
                 for num_warps in warps_candidates(f, "bf16", warps):
                     launch = {**P.launch_options(f, "bf16"), "num_warps": num_warps}
                     out = torch.full_like(XQ, float("nan"))  # poisoned: is every element written?
                     Z = P.ttt_linear_prefill(*args, out=out, **launch)[0]
                     new = partial(P.ttt_linear_prefill, *args, **launch)
                     ms = record(rows, common, "new", "bf16", launch, timed(new, warmup, repeats, device),
-                                Z, Z_old)
+                                Z, Z_old, floor=floor(2, "bf16"))
                     rows[-1]["speedup_vs_old_kernel"] = round(old_ms / ms, 2)
                 del Z_old
             if device == "cuda":
@@ -228,7 +279,7 @@ def _train_step(inputs, dZ, kernel=None):
     return torch.autograd.grad(Z, inputs, dZ)
 
 
-def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=200) -> list[dict]:
+def train(device, models, batch, warmup, repeats, rates, context=TRAIN_CONTEXT, seed=200) -> list[dict]:
     from .ttt import ops
 
     rows = []
@@ -244,6 +295,8 @@ def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=20
         common = {"model": model, "heads": H, "head_dim": f, "layers": layers, "batch": batch,
                   "context": context, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
         default = ttt_linear._LAUNCH["tf32"][f]
+        floor = op_floor(rates, batch, context, H, f, 2, "tf32", training=True)
+        of_floor = lambda ms, floor=floor: float(f"{floor['floor_ms'] / ms:.3g}")
         ref = _train_step(inputs, dZ)
         ms_default = None
         for fwd, bwd in dict.fromkeys([(default[0][0], default[1][0]), *TRAIN_LAUNCHES.get(f, [])]):
@@ -262,7 +315,7 @@ def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=20
                          "ms_max": round(max(times), 4), "repeats": len(times),
                          "us_per_mini_batch": round(1e3 * ms / (context // MINI_BATCH), 3),
                          "speedup_vs_default": round(ms_default / ms, 3), "err_vs_default": f"{err:.1e}",
-                         "ok": err <= CHECK_TOL["tf32"], "error": error})
+                         "ok": err <= CHECK_TOL["tf32"], "error": error, **floor, "of_floor": of_floor(ms)})
             print(f"train {model} warps fwd={fwd} bwd={bwd}: {ms:9.3f} ms fwd+bwd, err {err:.1e} {error}",
                   flush=True)
         pytorch = lambda q, k, v, lr, te, W, b, lnw, lnb: ops.linear(  # the PyTorch path: float32 copies
@@ -271,7 +324,8 @@ def train(device, models, batch, warmup, repeats, context=TRAIN_CONTEXT, seed=20
         rows.append({**common, "variant": "pytorch_dual", "precision": "float32",
                      "ms_median": round(statistics.median(times), 4), "ms_min": round(min(times), 4),
                      "ms_max": round(max(times), 4), "repeats": len(times),
-                     "speedup_vs_default": round(ms_default / statistics.median(times), 3), "ok": True})
+                     "speedup_vs_default": round(ms_default / statistics.median(times), 3), "ok": True,
+                     **floor, "of_floor": of_floor(statistics.median(times))})
         print(f"train {model} pytorch dual: {statistics.median(times):9.3f} ms fwd+bwd", flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -323,18 +377,24 @@ def main(argv=None) -> int:
         bad = [r for r in rows if not r["ok"]]
         print(f"check: {len(rows) - len(bad)} of {len(rows)} within tolerance", flush=True)
         ok = not bad
+    if args.stage in ("speed", "train", "all"):
+        rates = card_rates(device)
+        write_csv(os.path.join(args.out, "card.csv"), [rates])
+        print(f"card: {rates}", flush=True)
     if args.stage in ("speed", "all"):
-        rows = speed(device, args.models, args.contexts, args.batch, args.warps, args.warmup, args.repeats)
+        rows = speed(device, args.models, args.contexts, args.batch, args.warps, args.warmup, args.repeats,
+                     rates)
         write_csv(os.path.join(args.out, "prefill_speed.csv"), rows)
         print()
-        print("| model | T | variant | warps | ms | us/mini-batch | model ms/pos | speedup | err vs old |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| model | T | variant | warps | ms | us/mini-batch | model ms/pos | speedup | err vs old | "
+              "of floor |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['model']} | {r['context']} | {r['variant']} | {r['num_warps']} | {r['ms_median']} | "
                   f"{r['us_per_mini_batch']} | {r['model_ms_per_position']:.4f} | "
-                  f"{r.get('speedup_vs_old_kernel', '')} | {r['rel_err_vs_old']} |")
+                  f"{r.get('speedup_vs_old_kernel', '')} | {r['rel_err_vs_old']} | {r['of_floor']} |")
     if args.stage in ("train", "all"):
-        rows = train(device, args.models, args.train_batch, args.warmup, args.repeats, train_context)
+        rows = train(device, args.models, args.train_batch, args.warmup, args.repeats, rates, train_context)
         write_csv(os.path.join(args.out, "train_speed.csv"), rows)
         ok = ok and all(r["ok"] for r in rows)
     return 0 if ok else 1

@@ -205,6 +205,25 @@ def test_gpu_speed_script_runs(tmp_path):
     launches = {(int(r["fwd_warps"]), int(r["bwd_warps"])) for r in train if r["variant"] == "triton"}
     assert launches >= set(speed.TRAIN_LAUNCHES[16]) and all(r["ok"] == "True" for r in train)
     assert [r["variant"] for r in train].count("pytorch_dual") == 1
+    card = read("card.csv")[0]  # the card's rates, and every row's time against the op's floor on it
+    assert all(float(card[k]) > 0 for k in ("bf16_tflops", "tf32_tflops", "copy_gb_s"))
+    assert all(float(r["floor_ms"]) > 0 and float(r["of_floor"]) > 0 for r in prefill + train)
+
+
+def test_op_floor_is_the_larger_of_compute_and_traffic():
+    """The prefill op at 1.3b's heads (32 of 64), batch 16, 8k tokens, bf16, on a card of 1000 TFLOP/s and
+    1000 GB/s: (6 b f^2 + 6 b^2 f) FLOPs a mini-batch and head, 44.7 GFLOP, 0.045 ms; q, k, v, Z in bf16, lr
+    and the weights in float32, 139.6 MB, 0.14 ms: memory-bound. A training step: 3x the FLOPs, its
+    traffic with the gradients and the stored states."""
+    rates = {"bf16_tflops": 1000.0, "tf32_tflops": 500.0, "copy_gb_s": 1000.0}
+    f, b, T, B, H = 64, 16, 8192, 16, 32
+    flops = B * H * (T // b) * (6 * b * f * f + 6 * b * b * f)
+    traffic = B * H * (4 * T * f * 2 + 4 * T + 2 * 4 * (f * f + f))
+    floor = speed.op_floor(rates, B, T, H, f, 2, "bf16")
+    assert floor == {"op_gflop": round(flops / 1e9, 3), "op_mb": round(traffic / 1e6, 1),
+                     "floor_ms": float(f"{traffic / 1e9:.4g}"), "bound": "memory"}
+    train = speed.op_floor(rates, B, T, H, f, 2, "tf32", training=True)
+    assert train["op_gflop"] == round(3 * flops / 1e9, 3) and train["op_mb"] > 2 * floor["op_mb"]
 
 
 def test_the_layer_prefills_in_the_kernel_when_no_gradient_is_recorded(monkeypatch):

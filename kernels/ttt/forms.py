@@ -157,3 +157,20 @@ def losses_step(params: Params, xk, xv, eta, params0: Params, ln=None):
         -1,
     )
     return out, last_token(W_t)
+
+
+def chunk_flops(layers: list[tuple[int, int]], c: int, form: str, bias: bool) -> float:
+    """Inner-loop FLOPs of one head for a chunk of c tokens in `form` (dual or primal), f's layers
+    [(in, out)]: gradients at W_{t'}, then the dual form's outputs and end-of-mini-batch weights, or the
+    primal form's per-token weights. The layer's flops_per_token and the kernels' floors (speed.py) count
+    with it."""
+    flops = sum(2.0 * c * i * o for i, o in layers)  # forward of f on the training view
+    flops += sum(2.0 * c * i * o for i, o in layers[1:])  # backward through the upper layers
+    for i, o in layers:
+        if form == "dual":
+            # x W and W - X^T G for the next mini-batch, then x X^T, (eta * x X^T) G and [eta G]
+            flops += 4.0 * c * i * o + 2.0 * c * c * i + 2.0 * c * c * o * (2 if bias else 1)
+        else:
+            # W_t = W - eta G_t for every token (c x c by c x (i o)), [b_t], then f(x_t; W_t)
+            flops += 2.0 * c * c * i * o + (2.0 * c * c * o if bias else 0.0) + 2.0 * c * i * o
+    return flops

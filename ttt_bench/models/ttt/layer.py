@@ -185,8 +185,8 @@ class TTTLayer(nn.Module):
         layers = list(zip(dims, dims[1:]))
         b = min(mini_batch_size, seq_len)
         n, rest = divmod(seq_len, b)
-        per_head = n * _chunk_flops(layers, b, form, inner_bias)
-        per_head += _chunk_flops(layers, rest, form, inner_bias) if rest else 0.0
+        per_head = n * forms.chunk_flops(layers, b, form, inner_bias)
+        per_head += forms.chunk_flops(layers, rest, form, inner_bias) if rest else 0.0
         sequence = H * per_head / seq_len
         if learnable_lr:
             sequence += 2.0 * d * H  # eta(x) = eta_base sigmoid(theta_lr . x), one per head
@@ -510,22 +510,6 @@ def _mlp_why_not(why_not, XQ: torch.Tensor, params: tuple, ln_weight) -> str:
         return f"dtype {XQ.dtype} (the layer runs the TTT-MLP kernels on a float32 inner loop)"
     W1, b1, _, b2 = params
     return why_not(XQ, W1, b1, b2, ln_weight)
-
-
-def _chunk_flops(layers: list[tuple[int, int]], c: int, form: str, bias: bool) -> float:
-    """Inner-loop FLOPs of one head for a chunk of c tokens (forms.py), f's layers [(in, out)]: gradients at
-    W_{t'}, then the dual form's outputs and end-of-mini-batch weights, or the primal form's per-token
-    weights."""
-    flops = sum(2.0 * c * i * o for i, o in layers)  # forward of f on the training view
-    flops += sum(2.0 * c * i * o for i, o in layers[1:])  # backward through the upper layers
-    for i, o in layers:
-        if form == "dual":
-            # x W and W - X^T G for the next mini-batch, then x X^T, (eta * x X^T) G and [eta G]
-            flops += 4.0 * c * i * o + 2.0 * c * c * i + 2.0 * c * c * o * (2 if bias else 1)
-        else:
-            # W_t = W - eta G_t for every token (c x c by c x (i o)), [b_t], then f(x_t; W_t)
-            flops += 2.0 * c * c * i * o + (2.0 * c * c * o if bias else 0.0) + 2.0 * c * i * o
-    return flops
 
 
 class TTTBlock(nn.Module):
