@@ -51,7 +51,10 @@ def emulated_graph(step):
 # (mamba-ssm's selective_state_update on a GPU where it imports)
 GRAPHED = {"transformer": [], "ttt_linear": [], "ttt_mlp": [],
            "ttt_linear-transformer_backbone": ["model.block.backbone=transformer"],
-           "mamba-torch": ["model.block.backend=torch"], "mamba-auto": []}
+           "mamba-torch": ["model.block.backend=torch"], "mamba-auto": [],
+           "linear_attention-rope": ["model.block.rope=true"],
+           "linear_attention-katharopoulos-rope": ["model.block.variant=katharopoulos",
+                                                   "model.block.rope=true"]}
 
 
 def _model(name: str):
@@ -98,9 +101,8 @@ def test_what_cannot_decode_from_graphs_says_so():
     with torch.no_grad():
         linear = _model("transformer")
         assert DecodeGraphs.why_not(linear.init_caches(1)) is None
-        la = tiny_model("linear_attention")
         with pytest.raises(UserError, match="not a StaticCache"):
-            DecodeGraphs(la, la.init_caches(1), capture=emulated_graph)
+            DecodeGraphs(linear, [object()], capture=emulated_graph)
         kernel = tiny_model("ttt_kernel", "size.n_layers=1")
         caches = kernel.init_caches(1)
         kernel(torch.zeros(1, 3, dtype=torch.long), caches)
@@ -130,8 +132,9 @@ def test_cuda_graphs_decode_as_eager_steps(name):
 
 
 def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
-    """`bench models` decodes from the graphs where they are on (here emulated): the rows say so, the
-    models whose caches cannot (linear attention) decode eagerly beside them; on the CPU, `on` with the real
+    """`bench models` decodes from the graphs where they are on (here emulated): the rows say so, a model
+    whose cache cannot (the kernel learner's training set grows) decodes eagerly beside them, its note says
+    why; on the CPU, `on` with the real
     CUDA graphs is a one-line error."""
     import argparse
 
@@ -140,7 +143,7 @@ def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args([*BENCH_TINY, "--models", "transformer,ttt_linear,linear_attention",
+    args = parser.parse_args([*BENCH_TINY, "--models", "transformer,ttt_linear,ttt_kernel",
                               "--decode-graphs", "on", "--contexts", "32"])
     names = args.models.split(",")
     run = bench.Bench(args, names, torch.device("cpu"))
@@ -150,6 +153,7 @@ def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
     run.latency([32], {"decode"})
     rows = {r["model"]: r for r in run.rows}
     assert [rows[n]["graphed"] for n in names] == [True, True, False]
+    assert rows["ttt_kernel"]["note"].startswith("eager: the kernel learner's training set grows")
     assert all(rows[n]["latency_ms_per_token"] > 0 for n in names)
 
     def failing(step):
@@ -160,7 +164,7 @@ def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
     rows = {r["model"]: r for r in run.rows}
     assert not any(rows[n]["graphed"] for n in names)
     assert all(rows[n]["latency_ms_per_token"] > 0 for n in names)
-    assert "capture failed (operation not permitted" in rows["ttt_linear"]["note"]
+    assert rows["ttt_linear"]["note"] == "eager: operation not permitted when stream is capturing"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

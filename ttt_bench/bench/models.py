@@ -157,7 +157,8 @@ class Bench:
     def decode(self, models: dict, T: int) -> None:
         """Prefill T tokens of decode_batch sequences, then time single-token steps: replayed from CUDA
         graphs (models/graphs.py) where --decode-graphs allows and the model's caches can, else eager. A
-        capture that fails leaves that model eager, with the reason in its row's note."""
+        model whose graphs fail (a cache that cannot, a capture that fails) decodes eagerly, the reason in
+        its row's note."""
         a, fns, graphed, notes = self.args, {}, {}, {}
         if a.decode_graphs == "on" and self.capture is cuda_graph and self.device.type != "cuda":
             raise ValueError("--decode-graphs on needs --device cuda: CUDA graphs replay GPU kernels")
@@ -173,7 +174,7 @@ class Bench:
                 if not graphed[n]:
                     raise
                 reason = (str(e).splitlines() or [type(e).__name__])[0]
-                graphed[n], notes[n] = False, f"eager: the CUDA graph capture failed ({reason})"
+                graphed[n], notes[n] = False, f"eager: {reason}"
                 fns[n] = self._decoder(m, T, False)
         for n, (t, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
             self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb, graphed=graphed[n],

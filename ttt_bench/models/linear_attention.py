@@ -17,16 +17,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from .cost import swiglu_flops
+from .graphs import StaticCache
 from .layers import ResidualBlock, apply_rope_pairs, rope_freqs
 
 CHUNK = 64  # tokens per chunk of causal_linear_attention
 
 
 @dataclass
-class LinearAttentionCache:
+class LinearAttentionCache(StaticCache):
     state: torch.Tensor | None = None  # S [B, H, f, f]
     norm: torch.Tensor | None = None  # n [B, H, 1, f]
     pos: int = 0
+    position: torch.Tensor | None = None  # static (CUDA graphs, models/graphs.py): pos on the device, [1]
+
+    def make_static(self) -> None:  # on the state's device; before any state, moved by the first call
+        self.position = torch.tensor([self.pos], device=None if self.state is None else self.state.device)
+
+    def graph_key(self):
+        return self.state is None
+
+    def advance(self, n: int) -> None:
+        self.pos += n
 
 
 def causal_linear_attention(q, k, v, state=None, norm=None, normalize: bool = False, chunk: int = CHUNK):
@@ -75,7 +86,10 @@ class LinearAttention(nn.Module):
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         start = cache.pos if cache is not None else 0
         if self.rope:  # the TTT layer's convention (adjacent pairs), so Theorem 1 holds with RoPE too
-            positions = torch.arange(start, start + T, device=x.device)
+            static = cache is not None and cache.position is not None
+            if static and cache.position.device != x.device:
+                cache.position = cache.position.to(x.device)
+            positions = torch.arange(T, device=x.device) + (cache.position if static else start)
             freqs = rope_freqs(positions, self.head_dim, self.rope_theta)
             q, k = apply_rope_pairs(q, freqs), apply_rope_pairs(k, freqs)
         if self.variant == "katharopoulos":
@@ -85,6 +99,8 @@ class LinearAttention(nn.Module):
         )
         if cache is not None:
             cache.state, cache.norm, cache.pos = state, norm, start + T
+            if cache.position is not None:
+                cache.position += T
         z = z.transpose(1, 2).reshape(B, T, D)
         return self.o_proj(self.post_norm(z) if self.post_norm is not None else z)
 
