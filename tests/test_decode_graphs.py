@@ -1,7 +1,8 @@
 """Decoding from CUDA graphs (ttt_bench/models/graphs.py). Without a GPU the graphs are emulated the way CUDA
 replays them: a capture records every aten op with the tensors it read and wrote, a replay runs the same
 ops on the same tensors, the Python that chose them not run again, a position or a branch baked in as it was
-at the capture; a sync (`.item()`, `nonzero`) inside a capture fails as it does on a GPU. So a cache whose
+at the capture; a sync (`.item()`, `nonzero`) or a tensor made from Python data inside a capture fails as
+it does on a GPU. So a cache whose
 step depends on Python state its graph key does not name, or that moves its state to new memory the graph
 does not copy back, decodes wrong here too."""
 
@@ -14,8 +15,10 @@ from tests.helpers import tiny_model
 from ttt_bench.errors import UserError
 from ttt_bench.models.graphs import DecodeGraphs, cuda_graph
 
+# what a capture cannot hold: a sync, or a tensor made from Python data (a copy from the host, baked)
 SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-         torch.ops.aten.is_nonzero.default}
+         torch.ops.aten.is_nonzero.default, torch.ops.aten.lift_fresh.default,
+         torch.ops.aten.lift_fresh_copy.default}
 
 
 class Recording(TorchDispatchMode):
@@ -25,7 +28,8 @@ class Recording(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in SYNCS:
-            raise RuntimeError(f"{func} synchronizes: not allowed in a CUDA graph capture")
+            raise RuntimeError(f"{func} synchronizes or copies from the host: not allowed in a CUDA graph "
+                               "capture")
         out = func(*args, **(kwargs or {}))
         self.ops.append((func, args, kwargs or {}, out))
         return out
