@@ -6,6 +6,7 @@ it does on a GPU. So a cache whose
 step depends on Python state its graph key does not name, or that moves its state to new memory the graph
 does not copy back, decodes wrong here too."""
 
+import pandas as pd
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -159,6 +160,14 @@ def test_bench_models_times_decoding_from_the_graphs(monkeypatch):
     assert [rows[n]["graphed"] for n in names] == [True, True, False]
     assert rows["ttt_kernel"]["note"].startswith("eager: the kernel learner's training set grows")
     assert all(rows[n]["latency_ms_per_token"] > 0 for n in names)
+
+    run.rows, run.args.decode_graphs = [], "both"  # and the eager steps beside them, as decode_eager
+    run.latency([32], {"decode"})
+    assert [(r["model"], r["phase"], r["graphed"]) for r in run.rows if r["model"] == "ttt_linear"] == [
+        ("ttt_linear", "decode", True), ("ttt_linear", "decode_eager", False)]
+    assert any(line.startswith("decode from CUDA graphs, ttt_linear: ")
+               for line in bench.summary(pd.DataFrame(run.rows)))
+    run.args.decode_graphs = "on"
 
     def failing(step):
         raise RuntimeError("operation not permitted when stream is capturing")

@@ -56,9 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1, help="sequences per prefill call (the paper: 16)")
     parser.add_argument("--decode-batch", type=int, default=1, help="sequences per decode step (paper: 512)")
     parser.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps, after --warmup")
-    parser.add_argument("--decode-graphs", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--decode-graphs", choices=("auto", "on", "off", "both"), default="auto",
                         help="replay decoding steps from CUDA graphs (auto: on a GPU, for the models whose "
-                        "caches allow it; models/graphs.py)")
+                        "caches allow it; models/graphs.py); both: also time the eager steps (phase "
+                        "decode_eager)")
     parser.add_argument("--train-context", type=int, default=2048)
     parser.add_argument("--tokens-per-step", type=int, default=16384, help="tokens per optimizer step")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -158,26 +159,34 @@ class Bench:
         """Prefill T tokens of decode_batch sequences, then time single-token steps: replayed from CUDA
         graphs (models/graphs.py) where --decode-graphs allows and the model's caches can, else eager. A
         model whose graphs fail (a cache that cannot, a capture that fails) decodes eagerly, the reason in
-        its row's note."""
+        its row's note. With `both`, the eager steps are timed too, as phase decode_eager."""
+        a = self.args
+        if a.decode_graphs in ("on", "both") and self.capture is cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"--decode-graphs {a.decode_graphs} needs --device cuda: CUDA graphs replay GPU "
+                             "kernels")
+        on_gpu = self.device.type == "cuda"
+        wanted = a.decode_graphs in ("on", "both") or (a.decode_graphs == "auto" and on_gpu)
+        self._decode_phase(models, T, "decode", wanted)
+        if a.decode_graphs == "both":
+            self._decode_phase(models, T, "decode_eager", False)
+
+    def _decode_phase(self, models: dict, T: int, phase: str, wanted: bool) -> None:
         a, fns, graphed, notes = self.args, {}, {}, {}
-        if a.decode_graphs == "on" and self.capture is cuda_graph and self.device.type != "cuda":
-            raise ValueError("--decode-graphs on needs --device cuda: CUDA graphs replay GPU kernels")
-        wanted = a.decode_graphs == "on" or (a.decode_graphs == "auto" and self.device.type == "cuda")
         for n, m in models.items():
             graphed[n] = wanted and not DecodeGraphs.why_not(m.init_caches(a.decode_batch))
             try:
                 fns[n] = self._decoder(m, T, graphed[n])
             except (RuntimeError, MemoryError, UserError) as e:
                 if _is_oom(e):
-                    self.rows.append(dict(model=n, context=T, phase="decode", note="out of memory"))
+                    self.rows.append(dict(model=n, context=T, phase=phase, note="out of memory"))
                     continue
                 if not graphed[n]:
                     raise
                 reason = (str(e).splitlines() or [type(e).__name__])[0]
                 graphed[n], notes[n] = False, f"eager: {reason}"
                 fns[n] = self._decoder(m, T, False)
-        for n, (t, mb) in self.measure(fns, "decode", T, a.decode_tokens).items():
-            self.row(models[n], n, T, "decode", a.decode_batch, t, a.decode_batch, 1, mb, graphed=graphed[n],
+        for n, (t, mb) in self.measure(fns, phase, T, a.decode_tokens).items():
+            self.row(models[n], n, T, phase, a.decode_batch, t, a.decode_batch, 1, mb, graphed=graphed[n],
                      note=notes.get(n))
 
     def _decoder(self, model, T: int, graphed: bool):
@@ -258,6 +267,13 @@ def summary(df: pd.DataFrame) -> list[str]:
         for m in ("ttt_linear", "ttt_mlp", "mamba"):
             if m in train:
                 lines.append(f"train throughput {m} / transformer: {train['transformer'] / train[m]:.2f}x")
+    if {"decode", "decode_eager"} <= set(lat.index.get_level_values(0)):
+        gain = (lat.loc["decode_eager"] / lat.loc["decode"]).dropna(how="all")
+        for m in gain.columns:
+            g = gain[m].dropna()
+            if len(g):
+                lines.append(f"decode from CUDA graphs, {m}: {g.min():.2f}-{g.max():.2f}x faster than eager "
+                             f"({int(g.index.min())}-{int(g.index.max())})")
     for phase in ("prefill", "decode"):
         if phase not in lat.index.get_level_values(0):
             continue
