@@ -13,8 +13,9 @@ address. A decoding cache that allows it is a `StaticCache`:
   period()     the steps after which its key repeats.
 
 `DecodeGraphs` keeps every tensor of the caches in a buffer of its own: a step that writes a new tensor
-(W_b at a mini-batch's end, the TTT gradient sums, the convolution windows, Mamba's state) is followed, inside
-the graph, by a copy into that buffer. Each key is run eagerly once (Triton compiles and tunes, cuBLAS makes
+(TTT's W_b at a mini-batch's end, the convolution windows, every state on the PyTorch paths; the GPU kernels
+write TTT's gradient sums and Mamba's state in place) is followed, inside the graph, by a copy into that
+buffer. Each key is run eagerly once (Triton compiles and tunes, cuBLAS makes
 its handles, every state tensor appears), captured the second time, and replayed from then on.
 """
 
