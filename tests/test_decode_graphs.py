@@ -6,12 +6,17 @@ it does on a GPU. So a cache whose
 step depends on Python state its graph key does not name, or that moves its state to new memory the graph
 does not copy back, decodes wrong here too."""
 
+import os
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tests.conftest import REPO
 from tests.helpers import tiny_model
 from ttt_bench.errors import UserError
 from ttt_bench.models.graphs import DecodeGraphs, cuda_graph
@@ -189,3 +194,18 @@ def test_cuda_sample_from_graphs_as_eagerly():
     prompt = list(range(1, 20))
     eager = sample(model, prompt, 40, temperature=0, graphs=False)
     assert sample(model, prompt, 40, temperature=0) == eager
+
+
+def test_decode_ops_script_counts_the_launches_of_a_step():
+    """scripts/decode_ops.py (results/speed/decode_ops) at size xs: a table row per model, the TTT layer's
+    Triton decode kernel counted as one launch in place of the primal step's operators."""
+    def table(*extra):
+        done = subprocess.run([sys.executable, "scripts/decode_ops.py", "--size", "xs", *extra], cwd=REPO,
+                              capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")][1:]
+        return {r[0].strip(): (int(r[2]), int(r[3])) for r in rows}
+
+    pytorch, triton = table("--models", "transformer,ttt_linear"), table("--models", "ttt_linear", "--triton")
+    assert set(pytorch) == {"transformer", "ttt_linear"} and pytorch["transformer"][0] > 0
+    assert 0 < triton["ttt_linear (Triton decode kernels)"][0] < pytorch["ttt_linear"][0]
