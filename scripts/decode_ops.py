@@ -1,5 +1,5 @@
 """Operators one decoding step launches, per model at a paper size: each is a kernel launch on a GPU (a few
-microseconds of Python and driver each), which a CUDA graph replays without Python (ttt_bench/models/graphs.py).
+microseconds of Python and driver each), which a CUDA graph replays without Python (models/graphs.py).
 Counts the aten operators and Triton kernels of one eager step, batch 1, after a prefill of 33 tokens (TTT: at
 a position inside a mini-batch, and at its last position, where W is updated). With --triton the TTT layers
 take their Triton decode kernels, as on a GPU (here in Triton's interpreter).
@@ -13,26 +13,32 @@ import argparse
 import torch
 from hydra.utils import instantiate
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ttt_bench.config import compose
 
-# views and metadata: no kernel launch on a GPU
-FREE = ("view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "slice", "select", "unsqueeze",
-        "squeeze", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "as_strided", "lift_fresh",
-        "unfold", "view_as_real", "view_as_complex", "_reshape_alias")
+
+def _storages(tree) -> set:
+    return {t.untyped_storage().data_ptr() for t in tree_leaves(tree) if isinstance(t, torch.Tensor)}
 
 
 class Count(TorchDispatchMode):
-    """aten operators that launch a kernel, and Triton kernels (counted by patching the launcher)."""
+    """aten operators that launch a kernel, and Triton kernels (counted by patching the launcher). An operator
+    launches if it returns a tensor and writes memory: not a view, not a no-op cast (an output in an input's
+    storage, unless the operator writes in place), not metadata (promote_types)."""
 
     def __init__(self):
         super().__init__()
         self.launches, self.in_triton = 0, False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in FREE and not self.in_triton:  # not the interpreter's own
+        out = func(*args, **(kwargs or {}))
+        outputs = _storages(out)
+        in_place = func._schema.name.endswith("_") or any(a.is_out for a in func._schema.arguments)
+        fresh = outputs and (in_place or not outputs <= _storages((args, kwargs)))
+        if fresh and not self.in_triton:  # not the interpreter's own
             self.launches += 1
-        return func(*args, **(kwargs or {}))
+        return out
 
     def __enter__(self):
         from triton.runtime.interpreter import InterpretedFunction
