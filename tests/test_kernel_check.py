@@ -115,7 +115,7 @@ def test_doctor_reports_the_machine_and_each_models_kernel_path(capsys, monkeypa
     out = capsys.readouterr().out
     lines = {line.split(":")[0].strip(): line for line in out.splitlines()}
     assert lines["torch"].startswith(f"torch: {torch.__version__}")
-    for key in ("CPU load", "CUDA", "bf16", "Triton", "mamba-ssm", "causal-conv1d"):
+    for key in ("CPU load", "CUDA", "bf16", "Triton", "mamba-ssm", "causal-conv1d", "decoding"):
         assert key in lines, out
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.0, 1.0))  # another job holds the cores
@@ -128,6 +128,7 @@ def test_doctor_reports_the_machine_and_each_models_kernel_path(capsys, monkeypa
         assert "Triton kernels" in paths["ttt_linear"] or "rejected" in paths["ttt_linear"]
     else:
         assert lines["CUDA"].startswith("CUDA: not available")
+        assert lines["decoding"] == "decoding: eager (CUDA graphs on a GPU)"
         assert "PyTorch dual form" in paths["ttt_linear"] and "CUDA-only" in paths["ttt_linear"]
 
 

@@ -121,6 +121,8 @@ def report() -> list[str]:
     found = [name for name, rel in CORPORA.items() if (folder / rel).exists()]
     corpora = f"[{', '.join(found)}]" if found else "(no corpus found: data=synthetic needs none)"
     lines.append(f"data folder (paths.data_dir, TTT_BENCH_DATA_DIR): {folder} {corpora}")
+    graphs = "CUDA graphs (bench models, generate; ttt_bench/models/graphs.py), the kernel learner eager"
+    lines.append(f"decoding: {graphs if cuda else 'eager (CUDA graphs on a GPU)'}")
     lines.append(f"kernel paths on {device.type}:")
     lines += [f"  {model:17s} {path}" for model, path in kernel_paths(device).items()]
     return lines
