@@ -11,7 +11,17 @@ from ttt_bench.kernels import conv
 
 from tests.conftest import rel_err
 from ttt_bench.models import layers
-from ttt_bench.models.layers import CausalConv1d, RMSNorm, apply_rope_pairs, rope_cos_sin, rope_freqs
+from ttt_bench.models.layers import (
+    CausalConv1d,
+    RMSNorm,
+    apply_rope,
+    apply_rope_pairs,
+    rope_cos_sin,
+    rope_freq_table,
+    rope_freqs,
+    rope_table_size,
+    rope_tables,
+)
 
 pytestmark = pytest.mark.usefixtures("float64_one_thread")
 
@@ -76,6 +86,22 @@ def test_rope_pairs_rotate_adjacent_pairs():
     x1, x2, c, s = x[..., 0::2], x[..., 1::2], cos[:, :4], sin[:, :4]
     ref = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
     assert rel_err(apply_rope_pairs(x, rope_freqs(positions, 8, 10_000.0)), ref) <= 1e-14
+
+
+def test_rope_tables_are_the_positions_rows_and_serve_training_after_decoding():
+    """The cached tables (a decoding step reads its rows) hold rope_cos_sin / rope_freqs of every position,
+    bitwise; sized in powers of two from 2048; made in inference mode (decoding), they still train."""
+    assert [rope_table_size(n) for n in (1, 2048, 2049, 5000)] == [2048, 2048, 4096, 8192]
+    with torch.inference_mode():
+        cos, sin = rope_tables(2048, 8, 10_000.0, torch.float32, torch.device("cpu"))
+        freqs = rope_freq_table(16, 8, 10_000.0, torch.device("cpu"))
+    positions = torch.tensor([0, 5, 2047])
+    for table, row in zip((cos, sin), rope_cos_sin(positions, 8, 10_000.0, torch.float32), strict=True):
+        assert torch.equal(table[positions], row)
+    assert torch.equal(freqs[3:9], rope_freqs(torch.arange(3, 9), 8, 10_000.0))
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    (apply_rope(x, cos[:3], sin[:3]).sum() + apply_rope_pairs(x, freqs[:3]).sum()).backward()
+    assert x.grad is not None
 
 
 def test_rms_norm_formula():

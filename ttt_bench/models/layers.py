@@ -1,5 +1,7 @@
 """Building blocks shared by every model: RMSNorm, rotary embeddings, SwiGLU MLP."""
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,6 +39,30 @@ def rope_freqs(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Te
     """The rotations as unit complex numbers exp(i angle), [T, head_dim / 2] (complex128)."""
     angles = rope_angles(positions, head_dim, theta)
     return torch.polar(torch.ones_like(angles), angles)
+
+
+def rope_table_size(n: int) -> int:
+    """Rows of a RoPE table that covers positions 0..n-1: a power of two from 2048, so that a growing context
+    makes a few tables, not one a step."""
+    return max(2048, 1 << (n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=16)
+def rope_tables(n: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
+    """rope_cos_sin of positions 0..n-1, [n, head_dim] each, made once per (n, head_dim, theta, dtype,
+    device): a step reads its rows (a slice, or an index on the device under CUDA graphs) instead of
+    launching the dozen small kernels that compute them. Outside inference mode, so that training can use a
+    table first made while decoding."""
+    with torch.inference_mode(False):
+        return rope_cos_sin(torch.arange(n, device=device), head_dim, theta, dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def rope_freq_table(n: int, head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """rope_freqs of positions 0..n-1 (the TTT layer's positions within a mini-batch), made once, as
+    rope_tables."""
+    with torch.inference_mode(False):
+        return rope_freqs(torch.arange(n, device=device), head_dim, theta)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import UserError
 from .cost import causal_attention_flops, swiglu_flops
 from .graphs import StaticCache
-from .layers import ResidualBlock, apply_rope, rope_cos_sin
+from .layers import ResidualBlock, apply_rope, rope_table_size, rope_tables
 
 
 @dataclass
@@ -87,8 +87,10 @@ class Attention(nn.Module):
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         start = cache.length if cache is not None else 0
         static = cache is not None and cache.position is not None and T == 1
-        positions = cache.position if static else torch.arange(start, start + T, device=x.device)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        rows = cache.keys.shape[2] if static else start + T  # the positions the table must cover
+        cos, sin = rope_tables(rope_table_size(rows), self.head_dim, self.rope_theta, q.dtype, x.device)
+        cos, sin = (cos[cache.position], sin[cache.position]) if static else (cos[start:], sin[start:])
+        cos, sin = cos[:T], sin[:T]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if static:  # the whole capacity, the positions not yet written masked
             k, v, mask = cache.append_static(k, v)

@@ -30,7 +30,7 @@ from ...kernels.fusion import fuse
 from ...kernels.ttt import forms, learner
 from ..cost import arguments, causal_attention_flops, swiglu_flops
 from ..graphs import StaticCache
-from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freqs
+from ..layers import CausalConv1d, RMSNorm, SwiGLU, apply_rope_pairs, rope_freq_table
 from . import kernel_check
 
 LEARNERS = ("linear", "mlp", "kernel")
@@ -479,8 +479,13 @@ class TTTLayer(nn.Module):
             xk, conv["k"] = self.conv_k(views["q"], conv.get("k"))
         xq, xk, xv = (t.view(B, T, self.n_heads, self.head_dim) for t in (xq, xk, xv))
         if self.rope:  # positions within the mini-batch; token-major, as the projections lay them out
-            positions = torch.arange(start, start + T, device=x.device) % self.mini_batch_size
-            freqs = rope_freqs(positions, self.head_dim, self.rope_theta).unsqueeze(1)  # [T, 1, f / 2]
+            b, first = self.mini_batch_size, start % self.mini_batch_size
+            table = rope_freq_table(b, self.head_dim, self.rope_theta, x.device)
+            if first + T <= b:  # a slice of the table, else the rows of every position
+                freqs = table[first : first + T]
+            else:
+                freqs = table[torch.arange(first, first + T, device=x.device) % b]
+            freqs = freqs.unsqueeze(1)  # [T, 1, f / 2]
             xq, xk = apply_rope_pairs(xq, freqs), apply_rope_pairs(xk, freqs)
         # heads: [B, H, T, f] views; the inner loop in float32 at least (the kernels read 16-bit activations
         # and compute in float32) and outside autocast (mixed-precision training): its weights are float32
