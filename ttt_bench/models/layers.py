@@ -47,7 +47,7 @@ def rope_table_size(n: int) -> int:
     return max(2048, 1 << (n - 1).bit_length())
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache  # never evicted: a captured CUDA graph may read a table (a few tables, powers of two)
 def rope_tables(n: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device):
     """rope_cos_sin of positions 0..n-1, [n, head_dim] each, made once per (n, head_dim, theta, dtype,
     device): a step reads its rows (a slice, or an index on the device under CUDA graphs) instead of
@@ -57,7 +57,7 @@ def rope_tables(n: int, head_dim: int, theta: float, dtype: torch.dtype, device:
         return rope_cos_sin(torch.arange(n, device=device), head_dim, theta, dtype)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.cache
 def rope_freq_table(n: int, head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
     """rope_freqs of positions 0..n-1 (the TTT layer's positions within a mini-batch), made once, as
     rope_tables."""
