@@ -209,3 +209,23 @@ def test_decode_ops_script_counts_the_launches_of_a_step():
     pytorch, triton = table("--models", "transformer,ttt_linear"), table("--models", "ttt_linear", "--triton")
     assert set(pytorch) == {"transformer", "ttt_linear"} and pytorch["transformer"][0] > 0
     assert 0 < triton["ttt_linear (Triton decode kernels)"][0] < pytorch["ttt_linear"][0]
+
+
+@pytest.mark.parametrize("capture", ["emulated", "failing"])
+def test_sample_decodes_from_graphs_and_falls_back_to_eager(capture, monkeypatch, caplog):
+    """`generate`'s sampling from the graphs (here emulated) gives the eager tokens; a capture that fails
+    mid-way leaves the caches half-stepped, so sampling prefills them again and goes on eagerly, saying so."""
+    import functools
+
+    from ttt_bench import generate
+
+    def failing(step):
+        step()  # the step's Python ran (counters advanced) before the capture failed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    chosen = emulated_graph if capture == "emulated" else failing
+    model, prompt = _model("ttt_linear"), list(range(1, 20))
+    eager = generate.sample(model, prompt, 40, temperature=0, graphs=False)
+    monkeypatch.setattr(generate, "DecodeGraphs", functools.partial(DecodeGraphs, capture=chosen))
+    assert generate.sample(model, prompt, 40, temperature=0, graphs=True) == eager
+    assert ("CUDA graphs failed" in caplog.text) == (capture == "failing")

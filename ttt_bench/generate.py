@@ -1,8 +1,13 @@
 """Sampling with the model's own decoding cache (KV cache, TTT state, SSM state)."""
 
+import logging
+
 import torch
 
+from .errors import UserError
 from .models.graphs import DecodeGraphs
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -20,12 +25,30 @@ def sample(
     from CUDA graphs (`graphs`; None: on a GPU, where the model's caches allow it, models/graphs.py)."""
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
-    caches = model.init_caches(1, max_len=len(prompt_ids) + max_new_tokens)  # every token it will see
-    logits = model(torch.tensor([prompt_ids], device=device), caches)[:, -1]
+    out: list[int] = []
+
+    def prefill() -> tuple[list, torch.Tensor]:
+        caches = model.init_caches(1, max_len=len(prompt_ids) + max_new_tokens)  # every token it will see
+        return caches, model(torch.tensor([prompt_ids + out], device=device), caches)[:, -1:]
+
+    caches, logits = prefill()
+    logits = logits[:, -1]
     if graphs is None:
         graphs = device.type == "cuda" and DecodeGraphs.why_not(caches) is None
-    step = DecodeGraphs(model, caches) if graphs else lambda tokens: model(tokens, caches)
-    out: list[int] = []
+    graphed = DecodeGraphs(model, caches) if graphs else None
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        nonlocal graphed, caches
+        if graphed is not None:
+            try:
+                return graphed(tokens)
+            except (RuntimeError, UserError) as e:  # the caches may be half-stepped: prefill them again
+                log.warning("decoding eagerly: the CUDA graphs failed (%s)", (str(e).splitlines() or [""])[0])
+                graphed = None
+                caches, last = prefill()
+                return last
+        return model(tokens, caches)
+
     for _ in range(max_new_tokens):
         if temperature <= 0:
             nxt = logits.argmax(-1, keepdim=True)
