@@ -116,7 +116,8 @@ class CausalConv1d(nn.Conv1d):
         else:  # each output: its window of k inputs times the kernel
             y = torch.linalg.vecdot(full.unfold(1, k, 1), weight)
             y = y if bias is None else y + bias
-        return y, full[:, T:].clone()
+        # the next state: a view of `full` for a few tokens (decoding: no copy), else its own memory
+        return y, full[:, T:] if T < k else full[:, T:].clone()
 
 
 class SwiGLU(nn.Module):
