@@ -82,21 +82,30 @@ def make_inputs(B, T, H, f, dtype, device, seed):
         r(H, 1, f, scale=0.2), te
 
 
+def matmul_tflops(device, dtype: torch.dtype, n: int | None = None, tf32: bool = False,
+                  repeats: int = 5) -> float:
+    """The matmul ceiling of this device and dtype, measured now: 2 n^3 over the median time of `repeats`
+    n x n products (n = 8192 on a GPU, 1024 else); tf32: float32 products on tf32 tensor cores."""
+    device = torch.device(device)
+    n = n or (8192 if device.type == "cuda" else 1024)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        ms = statistics.median(timed(lambda: a @ b, 2, repeats, device.type))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    return 2.0 * n**3 / ms / 1e9
+
+
 def card_rates(device, repeats: int = 5) -> dict:
     """What the card does at best, measured in this run: matmul TFLOP/s in bf16 and in tf32 (median of
     `repeats` n x n products, n = 8192 on a GPU) and a copy's bandwidth in GB/s (bytes read plus written,
     1 GiB on a GPU)."""
     n, numel = (8192, 1 << 28) if device == "cuda" else (256, 1 << 20)
-    rates = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    for name, dtype in (("bf16_tflops", torch.bfloat16), ("tf32_tflops", torch.float32)):
-        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            ms = statistics.median(timed(lambda a=a, b=b: a @ b, 2, repeats, device))
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-        rates[name] = round(2.0 * n**3 / ms / 1e9, 1)
+    rates = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+             "bf16_tflops": round(matmul_tflops(device, torch.bfloat16, n, repeats=repeats), 1),
+             "tf32_tflops": round(matmul_tflops(device, torch.float32, n, tf32=True, repeats=repeats), 1)}
     x = torch.empty(numel, device=device)
     y = torch.empty_like(x)
     rates["copy_gb_s"] = round(2.0 * 4 * numel / statistics.median(timed(lambda: y.copy_(x), 2, repeats,

@@ -201,14 +201,6 @@ def peak_memory(device: torch.device):
         out["mb"] = max(0, max(peak[0], _rss_bytes()) - base) / 2**20
 
 
-def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int | None = None) -> float:
-    """The matmul ceiling of this device and dtype, measured now: 2 n^3 / median time of an n x n matmul."""
-    n = n or (8192 if device.type == "cuda" else 1024)
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    seconds = time_calls(lambda: a @ b, device, warmup=2, repeats=5)
-    return 2 * n**3 / seconds / 1e12
-
-
 def model_config_exists(name: str) -> bool:
     from ttt_bench.config import REPO_ROOT
 

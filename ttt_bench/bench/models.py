@@ -6,7 +6,7 @@ for language models built from their configs (Figures 3, 15 and 20 of the paper)
   decode   one token per step after prefilling `context` tokens; latency = time of one step
   train    forward + backward + AdamW step on tokens_per_step tokens of train_context; latency = time / tokens
            (1 / throughput); MFU = model FLOPs/s (ttt_bench/flops.py, analytic) over the matmul ceiling
-           measured at the start of the run (common.matmul_tflops)
+           measured at the start of the run (kernels/speed.matmul_tflops)
 
 tokens_per_s counts every sequence of the batch. A model whose config does not exist is skipped with a note;
 a context that runs out of memory ends that model's sweep with a note. Every comparison is measured
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ttt_bench import flops
 from ttt_bench.errors import UserError
+from ttt_bench.kernels.speed import matmul_tflops
 from ttt_bench.models.graphs import DecodeGraphs, cuda_graph
 
 from . import common
@@ -238,7 +239,7 @@ def run(args) -> pd.DataFrame:
     if unknown := phases - {"prefill", "decode", "train"}:
         raise ValueError(f"unknown phases {sorted(unknown)}; use prefill, decode, train")
     contexts = parse_contexts(args.contexts)
-    ceiling = common.matmul_tflops(device, common.DTYPES[args.dtype])
+    ceiling = matmul_tflops(device, common.DTYPES[args.dtype])
     names = args.models.split(",")
     rows = [dict(model=n, note=f"skipped: conf/model/{n}.yaml does not exist")
             for n in names if not common.model_config_exists(n)]
